@@ -1,0 +1,3 @@
+"""The conformance suite (under construction)."""
+
+__all__: list[str] = []

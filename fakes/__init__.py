@@ -1,0 +1,3 @@
+"""The CPU fake device (under construction)."""
+
+__all__: list[str] = []

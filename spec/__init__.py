@@ -1,0 +1,59 @@
+"""The specification: clauses, the error taxonomy, the device protocol, and small oracles.
+
+Imports only torch. ``spec.errors`` is also importable as a module (``from spec.errors import
+PoolClobber``); every public name is re-exported here.
+"""
+
+from . import _clauses_errors, errors  # noqa: F401  (clause definitions register on import)
+from .clauses import CLAUSES, Clause, define, get_clause
+from .devices import device_names, get_device, register_device
+from .errors import (
+    CaptureError,
+    CaptureInvalidated,
+    DefaultStreamCapture,
+    FreedMemoryAccess,
+    GraphError,
+    GraphNotReady,
+    NestedCapture,
+    PoolClobber,
+    ReplayError,
+    SyncDuringCapture,
+    UnjoinedStream,
+    UnsupportedInCapture,
+)
+from .protocol import (
+    CaptureErrorMode,
+    DeviceModule,
+    EventLike,
+    GraphLike,
+    PoolHandle,
+    StreamLike,
+)
+
+__all__ = [
+    "CLAUSES",
+    "CaptureError",
+    "CaptureErrorMode",
+    "CaptureInvalidated",
+    "Clause",
+    "DefaultStreamCapture",
+    "DeviceModule",
+    "EventLike",
+    "FreedMemoryAccess",
+    "GraphError",
+    "GraphLike",
+    "GraphNotReady",
+    "NestedCapture",
+    "PoolClobber",
+    "PoolHandle",
+    "ReplayError",
+    "StreamLike",
+    "SyncDuringCapture",
+    "UnjoinedStream",
+    "UnsupportedInCapture",
+    "define",
+    "device_names",
+    "get_clause",
+    "get_device",
+    "register_device",
+]

@@ -1,0 +1,32 @@
+"""Clauses of the error taxonomy and of the capture / replay / memory rules it enforces."""
+
+from .clauses import define
+
+define(
+    "errors",
+    [
+        ("ERR-1", """Every error about graph capture or replay derives from GraphError, itself a
+            RuntimeError; bad arguments are ValueError or TypeError naming the parameter."""),
+        ("CAP-1", """After any capture error, and after any exception raised inside a capture, no
+            capture is left open on any stream and the device captures and runs normally again."""),
+        ("CAP-2", """Host synchronisation during capture (.item(), data-dependent output shapes,
+            ops returning Python values, device/stream/event synchronize or query) raises
+            SyncDuringCapture."""),
+        ("CAP-3", """Beginning a capture on the default stream raises DefaultStreamCapture;
+            graph() without a stream captures on a side stream."""),
+        ("CAP-4", """Beginning a capture while another capture is active raises NestedCapture."""),
+        ("CAP-5", """Ending a capture while a stream forked from the capturing stream has not been
+            joined back raises UnjoinedStream."""),
+        ("CAP-6", """A capture the backend invalidates for another reason raises
+            CaptureInvalidated, with the backend's error as __cause__."""),
+        ("CAP-7", """An op the backend cannot capture faithfully raises UnsupportedInCapture naming
+            the op; it never runs silently."""),
+        ("RPL-1", """Replay re-runs the recorded work in capture order against the current contents
+            of the memory it was recorded on; it may run any number of times."""),
+        ("RPL-2", """Replaying a graph without a complete capture raises GraphNotReady."""),
+        ("MEM-3", """A replay that touches freed memory outside the graph's pool, or resolving a weak
+            reference whose target was freed, raises FreedMemoryAccess (on the fake)."""),
+        ("MEM-4", """A replay that reads pool memory which another graph wrote after the writer the
+            capture expected raises PoolClobber (on the fake)."""),
+    ],
+)

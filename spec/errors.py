@@ -1,0 +1,226 @@
+"""The error taxonomy of CUDA-graph machinery, shared by every backend.
+
+One root, :class:`GraphError` (a :class:`RuntimeError`, so a plain ``except RuntimeError`` still
+works), and two families: :class:`CaptureError` for anything that invalidates a capture, and
+:class:`ReplayError` for what goes wrong when a captured graph runs again. Every class names the
+spec clause it enforces in ``clause`` and carries the facts of the failure as fields; messages are
+built by the class, so raisers pass data, not prose.
+
+Bad *arguments* are not graph errors: they are :class:`ValueError` / :class:`TypeError` naming the
+parameter and the value.
+
+Conformance tests assert classes, never message text. On real CUDA some conditions can only be
+observed as the family (a failed ``capture_end`` tells little), so a test may only assert the base.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "CaptureError",
+    "CaptureInvalidated",
+    "DefaultStreamCapture",
+    "FreedMemoryAccess",
+    "GraphError",
+    "GraphNotReady",
+    "NestedCapture",
+    "PoolClobber",
+    "ReplayError",
+    "SyncDuringCapture",
+    "UnjoinedStream",
+    "UnsupportedInCapture",
+]
+
+
+class GraphError(RuntimeError):
+    """Root of every error this project raises about graph capture or replay.
+
+    ``clause`` is the id of the spec clause the error enforces (see :mod:`spec.clauses`).
+    Subclasses accept structured fields and compose the message themselves; ``detail`` is an
+    optional free-form tail (the backend's own words, e.g. the CUDA error string).
+    """
+
+    clause: str = "ERR-1"
+
+    def __init__(self, message: str = "", *, detail: str | None = None) -> None:
+        self.detail = detail
+        text = message or (self.__doc__ or type(self).__name__).strip().splitlines()[0]
+        if detail:
+            text = f"{text} ({detail})"
+        super().__init__(text)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keep the fields across pickling (pytest-xdist, multiprocessing) without re-running
+        # subclass constructors whose signatures differ from RuntimeError's.
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(cls: type[GraphError], args: tuple[Any, ...], state: dict[str, Any]) -> GraphError:
+    err = cls.__new__(cls)
+    RuntimeError.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
+
+
+# ---------------------------------------------------------------------------------------------
+# Capture family
+# ---------------------------------------------------------------------------------------------
+
+
+class CaptureError(GraphError):
+    """A capture could not be made, or was invalidated while it was being made.
+
+    After any capture error the device is usable again: no capture is left open on any stream and
+    the partial graph's memory is released. The partial graph itself must be ``reset()`` before it
+    can capture again.
+    """
+
+    clause = "CAP-1"
+
+
+class SyncDuringCapture(CaptureError):
+    """Host synchronisation, or a read of device data by the host, was attempted during capture.
+
+    Raised for ``.item()`` (``aten._local_scalar_dense``), ops whose output shape depends on data
+    (``nonzero``, ``masked_select``, boolean-mask indexing), ops that return Python values
+    (``torch.equal``), device/stream/event ``synchronize()`` and ``query()``. A CUDA graph records
+    kernels, not host decisions: move the decision out of the captured region, or make it on data
+    the host already has (a CPU copy made before capture).
+    """
+
+    clause = "CAP-2"
+
+    def __init__(self, what: str, *, detail: str | None = None) -> None:
+        self.what = what
+        super().__init__(f"host synchronisation during capture: {what}", detail=detail)
+
+
+class DefaultStreamCapture(CaptureError):
+    """A capture was begun on the default (legacy) stream, which CUDA cannot capture.
+
+    ``graph(g)`` without a stream captures on a side stream; pass ``stream=`` a non-default stream,
+    or enter ``device.stream(s)`` before ``capture_begin()``.
+    """
+
+    clause = "CAP-3"
+
+
+class NestedCapture(CaptureError):
+    """A capture was begun while another capture is active on this device.
+
+    End (or abort) the outer capture first. For breakable graphs, an eager region inside a capture
+    is expressed with ``eager_on_graph``, never with a second capture.
+    """
+
+    clause = "CAP-4"
+
+
+class UnjoinedStream(CaptureError):
+    """A capture ended while a stream forked from the capturing stream was not joined back.
+
+    A fork is ``side.wait_stream(capturing)`` during capture; its join is
+    ``capturing.wait_stream(side)``. Every fork must be joined before ``capture_end()``.
+    ``streams`` holds descriptions of the unjoined streams.
+    """
+
+    clause = "CAP-5"
+
+    def __init__(self, streams: tuple[str, ...] = (), *, detail: str | None = None) -> None:
+        self.streams = tuple(streams)
+        names = ", ".join(self.streams) or "a forked stream"
+        super().__init__(f"capture ended with unjoined forked stream(s): {names}", detail=detail)
+
+
+class CaptureInvalidated(CaptureError):
+    """The backend reported that the capture was invalidated, without saying why.
+
+    CUDA's ``cudaErrorStreamCaptureInvalidated`` and similar errors at ``capture_end()`` land here
+    when they cannot be mapped onto a more specific class. ``__cause__`` holds the original error.
+    """
+
+    clause = "CAP-6"
+
+
+class UnsupportedInCapture(CaptureError):
+    """The op cannot be captured faithfully by this backend (the fake names what it cannot model).
+
+    Raised by the CPU fake for ops it cannot replay exactly as CUDA would (random number
+    generation, ops with hidden host state). ``op`` is the op's name. Move the op outside the
+    captured region, or run that test on the CUDA backend.
+    """
+
+    clause = "CAP-7"
+
+    def __init__(self, op: str, *, detail: str | None = None) -> None:
+        self.op = op
+        super().__init__(f"operation cannot be captured by this backend: {op}", detail=detail)
+
+
+# ---------------------------------------------------------------------------------------------
+# Replay family
+# ---------------------------------------------------------------------------------------------
+
+
+class ReplayError(GraphError):
+    """A captured graph could not be replayed correctly."""
+
+    clause = "RPL-1"
+
+
+class GraphNotReady(ReplayError):
+    """``replay()`` was called on a graph with no complete capture (never captured, reset, or
+    left partial by an exception during capture). Capture it (again) first."""
+
+    clause = "RPL-2"
+
+
+class FreedMemoryAccess(ReplayError):
+    """A replay (or a weak reference's resolution) touches memory whose owner was freed.
+
+    A graph holds only addresses. Memory created outside the graph's pool (inputs made before
+    capture) must be kept alive by the caller for as long as the graph may replay; a weak reference
+    must be resolved before its target dies. ``block`` describes the memory, ``op`` the recorded op
+    that touched it (``None`` for a weak-reference resolution).
+    """
+
+    clause = "MEM-3"
+
+    def __init__(
+        self, block: str = "", op: str | None = None, *, detail: str | None = None
+    ) -> None:
+        self.block = block
+        self.op = op
+        where = f" by {op}" if op else ""
+        super().__init__(f"access{where} to freed memory {block}".rstrip(), detail=detail)
+
+
+class PoolClobber(ReplayError):
+    """A replay reads pool memory that another owner wrote after the writer it expects.
+
+    Graphs that share a pool may re-use each other's freed blocks; that is safe only if they replay
+    in capture order and no result is read after its block was handed on. ``block`` describes the
+    memory, ``op`` the reading op, ``expected`` and ``found`` the writers.
+    """
+
+    clause = "MEM-4"
+
+    def __init__(
+        self,
+        block: str = "",
+        op: str | None = None,
+        expected: str | None = None,
+        found: str | None = None,
+        *,
+        detail: str | None = None,
+    ) -> None:
+        self.block = block
+        self.op = op
+        self.expected = expected
+        self.found = found
+        parts = [f"pool memory {block} was clobbered".strip()]
+        if op:
+            parts.append(f"read by {op}")
+        if expected or found:
+            parts.append(f"expected writer {expected}, found {found}")
+        super().__init__("; ".join(parts), detail=detail)
