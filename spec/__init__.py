@@ -4,7 +4,7 @@ Imports only torch. ``spec.errors`` is also importable as a module (``from spec.
 PoolClobber``); every public name is re-exported here.
 """
 
-from . import _clauses_errors, errors  # noqa: F401  (clause definitions register on import)
+from . import _clauses_errors, _clauses_registry, errors  # noqa: F401  (clauses register on import)
 from .clauses import CLAUSES, Clause, define, get_clause
 from .devices import device_names, get_device, register_device
 from .errors import (
@@ -29,6 +29,7 @@ from .protocol import (
     PoolHandle,
     StreamLike,
 )
+from .registry_oracle import OracleContext, OracleSlot, RegistryOracle
 
 __all__ = [
     "CLAUSES",
@@ -44,8 +45,11 @@ __all__ = [
     "GraphLike",
     "GraphNotReady",
     "NestedCapture",
+    "OracleContext",
+    "OracleSlot",
     "PoolClobber",
     "PoolHandle",
+    "RegistryOracle",
     "ReplayError",
     "StreamLike",
     "SyncDuringCapture",

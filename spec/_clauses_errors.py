@@ -24,8 +24,9 @@ define(
         ("RPL-1", """Replay re-runs the recorded work in capture order against the current contents
             of the memory it was recorded on; it may run any number of times."""),
         ("RPL-2", """Replaying a graph without a complete capture raises GraphNotReady."""),
-        ("MEM-3", """A replay that touches freed memory outside the graph's pool, or resolving a weak
-            reference whose target was freed, raises FreedMemoryAccess (on the fake)."""),
+        ("MEM-3", """A replay that touches freed memory outside the graph's pool, or
+            resolving a weak reference whose target was freed, raises FreedMemoryAccess
+            (on the fake)."""),
         ("MEM-4", """A replay that reads pool memory which another graph wrote after the writer the
             capture expected raises PoolClobber (on the fake)."""),
     ],

@@ -44,7 +44,8 @@ only from the capturing thread, ``"relaxed"`` forbids nothing beyond what the ba
 cannot record."""
 
 PoolHandle = Any
-"""An opaque memory-pool token. Only a hint that captures passing the same token may share memory."""
+"""An opaque memory-pool token: only a hint that captures passing the same token may share
+memory."""
 
 
 @runtime_checkable
