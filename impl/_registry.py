@@ -30,6 +30,25 @@ def _lookup(obj: Any, dotted: str) -> Any:
     return obj
 
 
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}, not a tensor"
+
+
+_MAX_PLANS = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class _FillPlan:
+    ctx: FillContext
+    zero: list[torch.Tensor]
+    sentinel: list[tuple[torch.Tensor, Any]]
+    heads: list[tuple[GraphSlot, torch.Tensor, torch.Size]]
+    computed: list[GraphSlot]
+    hooks: list[tuple[Any, torch.Tensor]]
+
+
 def _check_size(what: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{what} must be an int, got {value!r}")
@@ -71,6 +90,7 @@ class CudaGraphBufferRegistry:
         self.max_num_tokens = _check_size("max_num_tokens", max_num_tokens)
         self.share_pool = bool(share_pool)
         self._slots: dict[str, GraphSlot] = {}
+        self._plans: dict[tuple[int, int, int, int], _FillPlan] = {}
 
     # -- declaration ----------------------------------------------------------------------------
 
@@ -90,6 +110,7 @@ class CudaGraphBufferRegistry:
             raise ValueError(f"register_slot: a slot named {slot.name!r} is already registered")
         if slot.buffer is not None:
             raise ValueError(f"register_slot: slot {slot.name!r} already has a buffer")
+        self._plans.clear()
         if not slot.enabled:
             if bind is not None:
                 raise ValueError(f"register_slot: slot {slot.name!r} is disabled but bind= given")
@@ -174,53 +195,64 @@ class CudaGraphBufferRegistry:
                 )
         return FillContext(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, pp_proxy_tensors)
 
-    def _check_capacity(self, ctx: FillContext) -> None:
+    def _plan(self, key: tuple[int, int, int, int]) -> _FillPlan:
+        """The checked, size-dependent part of a fill: views into buffers that never move."""
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        ctx = self._context(*key)
+        zero: list[torch.Tensor] = []
+        sentinel: list[tuple[torch.Tensor, Any]] = []
+        heads: list[tuple[GraphSlot, torch.Tensor, torch.Size]] = []
+        computed: list[GraphSlot] = []
         for slot in self._enabled():
-            padded = ctx.padded(slot.axis)
+            raw, padded = ctx.raw(slot.axis), ctx.padded(slot.axis)
             if padded is not None and padded > slot._capacity():
                 raise ValueError(
                     f"slot {slot.name!r} holds {slot._capacity()} rows along its axis, "
                     f"fewer than padded={padded}"
                 )
-
-    def _plan_copy(
-        self, slot: GraphSlot, fb: Any, ctx: FillContext
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The ``(destination, source)`` pair of one slot's head copy, checked; ``None`` to skip."""
-        if not slot.copy_from_fb:
-            return None
-        if slot.source_fn is not None:
-            src = slot.source_fn(fb, ctx)
-            if src is None:
-                return None
-            dim = slot._axis_dim
-            if src.dim() != slot.buffer.dim() or src.shape[dim] > slot.buffer.shape[dim]:
-                raise ValueError(
-                    f"slot {slot.name!r}: source_fn gave shape {tuple(src.shape)}, which does "
-                    f"not fit the buffer of shape {tuple(slot.buffer.shape)}"
-                )
-            dst = slot._prefix(src.shape[dim])
-        else:
-            src = _lookup(fb, slot.name)
-            if src is None:
-                return None
-            if not isinstance(src, torch.Tensor):
-                raise TypeError(
-                    f"slot {slot.name!r}: batch attribute must be a tensor or None, got "
-                    f"{type(src).__name__}"
-                )
-            raw = ctx.raw(slot.axis)
+            if raw is not None and raw < padded:
+                region = slot.buffer.narrow(slot._axis_dim, raw, padded - raw)
+                if slot.padding_policy is PaddingPolicy.ZERO:
+                    zero.append(region)
+                elif slot.padding_policy is PaddingPolicy.FILL_SENTINEL:
+                    sentinel.append((region, slot.pad_value))
+            if not slot.copy_from_fb:
+                continue
+            if slot.source_fn is not None:
+                computed.append(slot)
+                continue
             dst = slot.buffer if raw is None else slot._prefix(raw)
-            dim = slot._axis_dim
-            if raw is not None and (src.dim() != dst.dim() or src.shape[dim] != raw):
-                raise ValueError(
-                    f"slot {slot.name!r}: source has shape {tuple(src.shape)}, but the fill's "
-                    f"raw {'bs' if slot.axis == 'bs' else 'num_tokens'} is {raw}"
-                )
+            heads.append((slot, dst, dst.shape))
+        hooks = [(s.post_fill, s.buffer) for s in self._enabled() if s.post_fill is not None]
+        if len(self._plans) >= _MAX_PLANS:
+            self._plans.clear()
+        plan = self._plans[key] = _FillPlan(ctx, zero, sentinel, heads, computed, hooks)
+        return plan
+
+    @staticmethod
+    def _source_fn_copy(
+        slot: GraphSlot, fb: Any, ctx: FillContext
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        src = slot.source_fn(fb, ctx)
+        if src is None:
+            return None
+        buf, dim = slot.buffer, slot._axis_dim
+        if (
+            not isinstance(src, torch.Tensor)
+            or src.dim() != buf.dim()
+            or src.shape[dim] > buf.shape[dim]
+        ):
+            raise ValueError(
+                f"slot {slot.name!r}: source_fn gave {_describe(src)}, which does not fit the "
+                f"buffer of shape {tuple(buf.shape)}"
+            )
+        dst = slot._prefix(src.shape[dim])
         if src.shape != dst.shape:
             raise ValueError(
-                f"slot {slot.name!r}: source shape {tuple(src.shape)} does not match the "
-                f"destination shape {tuple(dst.shape)}"
+                f"slot {slot.name!r}: source_fn gave shape {tuple(src.shape)}, which does not "
+                f"fit the buffer of shape {tuple(buf.shape)}"
             )
         return dst, src
 
@@ -246,45 +278,56 @@ class CudaGraphBufferRegistry:
         ``raw > padded``, ``padded`` exceeds the registry's maximum or a slot's capacity, a plain
         source's length along the slot's axis differs from the raw count, or a ``source_fn``
         source does not fit the buffer. Returns the :class:`FillContext` the hooks saw.
+
+        .. note:: The views a fill writes through are computed once per size tuple and cached
+           (buffers never move), so a steady-state fill costs a few dictionary look-ups, the
+           shape checks, and the grouped kernels.
         """
-        ctx = self._context(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, pp_proxy_tensors)
-        self._check_capacity(ctx)
-        plans = [(slot, self._plan_copy(slot, fb, ctx)) for slot in self._enabled()]
+        plan = self._plan((raw_bs, padded_bs, raw_num_tokens, padded_num_tokens))
+        ctx = plan.ctx
+        if pp_proxy_tensors is not None:
+            ctx = dataclasses.replace(ctx, pp_proxy_tensors=pp_proxy_tensors)
 
-        zero_regions: list[torch.Tensor] = []
-        for slot, _ in plans:
-            raw, padded = ctx.raw(slot.axis), ctx.padded(slot.axis)
-            if raw is None or raw >= padded:
+        copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for slot, dst, shape in plan.heads:
+            name = slot.name
+            src = _lookup(fb, name) if "." in name else getattr(fb, name, None)
+            if src is None:
                 continue
-            region = slot.buffer.narrow(slot._axis_dim, raw, padded - raw)
-            if slot.padding_policy is PaddingPolicy.ZERO:
-                zero_regions.append(region)
-            elif slot.padding_policy is PaddingPolicy.FILL_SENTINEL:
-                region.fill_(slot.pad_value)
-        if zero_regions:
-            torch._foreach_zero_(zero_regions)
+            if not isinstance(src, torch.Tensor) or src.shape != shape:
+                raise ValueError(
+                    f"slot {name!r}: batch attribute is {_describe(src)}, expected shape "
+                    f"{tuple(shape)} (the fill's raw count along the slot's axis)"
+                )
+            copies.append((dst, src))
+        for slot in plan.computed:
+            pair = self._source_fn_copy(slot, fb, ctx)
+            if pair is not None:
+                copies.append(pair)
 
+        # Everything is checked: from here on, the fill writes.
+        if plan.zero:
+            torch._foreach_zero_(plan.zero)
+        for region, value in plan.sentinel:
+            region.fill_(value)
         groups: dict[tuple[torch.dtype, torch.dtype], tuple[list, list]] = {}
         host_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         device_is_host = self.device.type == "cpu"
-        for _, plan in plans:
-            if plan is None:
-                continue
-            dst, src = plan
-            if dst.device.type == "cpu" and not device_is_host:
-                host_copies.append(plan)
+        for dst, src in copies:
+            if not device_is_host and dst.device.type == "cpu":
+                host_copies.append((dst, src))
                 continue
             dsts, srcs = groups.setdefault((dst.dtype, src.dtype), ([], []))
             dsts.append(dst)
             srcs.append(src)
         for dsts, srcs in groups.values():
             torch._foreach_copy_(dsts, srcs)
+        # Host mirrors last: a device-to-host copy would wait for the device work queued above.
         for dst, src in host_copies:
             dst.copy_(src)
 
-        for slot, _ in plans:
-            if slot.post_fill is not None:
-                slot.post_fill(slot.buffer, fb, ctx)
+        for hook, buffer in plan.hooks:
+            hook(buffer, fb, ctx)
         return ctx
 
     # -- exposing -------------------------------------------------------------------------------

@@ -1,0 +1,554 @@
+"""The device protocol on real CUDA: ``torch.cuda`` plus ``cuda.bindings`` for what torch hides.
+
+:class:`CudaDevice` is what ``impl`` runs on when a GPU is present (``spec.get_device("cuda")``).
+It is ``torch.cuda`` with four additions, each one a place where plain ``torch.cuda`` either
+answers too little or fails in a way that leaves the process unusable:
+
+- **Capture status per stream** comes from the driver (``cudaStreamGetCaptureInfo`` through
+  ``cuda.bindings``), so a forked side stream is reported as capturing; without ``cuda.bindings``
+  the current-stream query of torch is asked with the stream made current.
+- **Graph introspection**: ``graph_node_count`` / ``graph_op_names`` walk the captured
+  ``cudaGraph_t`` (``cudaGraphGetNodes``), which exists only for ``CUDAGraph(keep_graph=True)``.
+- **Error mapping**: a failed capture (``torch.AcceleratorError`` at ``capture_end``, torch's
+  default-stream check, a host sync inside the captured body) is re-raised as the matching class
+  of :mod:`spec.errors`, with the original as ``__cause__`` (``CAP-1`` .. ``CAP-6``).
+- **Checks before damage**: a nested capture and a capture on the default stream are refused
+  before anything touches CUDA (``torch.cuda.graph`` would first synchronize, which a capture in
+  progress turns into an invalidated capture). After a failed ``capture_end`` the caching
+  allocator is told that the capture is over and the pool reference it took is dropped, so the
+  process keeps allocating normally.
+
+Importing this module needs neither CUDA nor ``cuda-python``: both are looked up when used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import torch
+
+from spec import (
+    CaptureError,
+    CaptureErrorMode,
+    CaptureInvalidated,
+    DefaultStreamCapture,
+    GraphError,
+    GraphNotReady,
+    NestedCapture,
+    PoolHandle,
+    SyncDuringCapture,
+    UnjoinedStream,
+    register_device,
+)
+
+__all__ = ["CudaDevice"]
+
+_CAPTURE_ERROR_MODES: Final = ("global", "thread_local", "relaxed")
+
+# cudaError_t values of the stream-capture family (driver_types.h); stable across CUDA 11-13.
+_CUDA_CAPTURE_UNSUPPORTED: Final = 900  # a host sync / unsafe call while capturing
+_CUDA_CAPTURE_INVALIDATED: Final = 901  # an earlier error invalidated the capture
+_CUDA_CAPTURE_UNJOINED: Final = 904  # a forked stream was not joined back
+_CUDA_CAPTURE_IMPLICIT: Final = 906  # the legacy stream would depend on a capturing stream
+_CUDA_CAPTURED_EVENT: Final = 907  # query/sync of an event recorded in a capture
+
+# When an error carries no ``error_code`` (torch < 2.8 raised plain RuntimeError), the CUDA
+# error string is the only clue. These are the driver's fixed descriptions, not torch's prose.
+_CUDA_ERROR_TEXT: Final = (
+    ("operation not permitted when stream is capturing", _CUDA_CAPTURE_UNSUPPORTED),
+    ("operation failed due to a previous error during capture", _CUDA_CAPTURE_INVALIDATED),
+    ("capturing stream has unjoined work", _CUDA_CAPTURE_UNJOINED),
+    ("would make the legacy stream depend on a capturing blocking stream", _CUDA_CAPTURE_IMPLICIT),
+    ("operation not permitted on an event last recorded in a capturing stream",
+     _CUDA_CAPTURED_EVENT),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# cuda.bindings, looked up once and only when needed
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _cudart() -> Any | None:
+    """``cuda.bindings.runtime``, or ``None`` when cuda-python is not installed."""
+    try:
+        from cuda.bindings import runtime  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return runtime
+
+
+@functools.cache
+def _cuda_driver() -> Any | None:
+    try:
+        from cuda.bindings import driver  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return driver
+
+
+def _checked(result: Any, what: str) -> Any:
+    """Unwrap a ``cuda.bindings`` ``(err, *values)`` tuple, raising on a non-success code."""
+    err, *values = result
+    if int(err) != 0:
+        raise RuntimeError(f"{what} failed with CUDA error {int(err)} ({err!r})")
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _cuda_error_code(error: BaseException) -> int | None:
+    """The ``cudaError_t`` behind a torch error: ``error_code`` when torch set it
+    (``torch.AcceleratorError``), else recognised from the driver's error string."""
+    code = getattr(error, "error_code", None)
+    if isinstance(code, int) and code:
+        return code
+    text = str(error)
+    for fragment, value in _CUDA_ERROR_TEXT:
+        if fragment in text:
+            return value
+    return None
+
+
+def _translate(error: BaseException, *, at_end: bool) -> BaseException:
+    """The spec error for a CUDA failure during (``at_end=False``) or at the end of a capture.
+
+    Spec errors and non-CUDA exceptions come back unchanged (the caller re-raises them as they
+    are). A CUDA capture failure becomes the most specific class the error code supports.
+    """
+    if isinstance(error, GraphError) or not isinstance(error, RuntimeError):
+        return error
+    code = _cuda_error_code(error)
+    detail = str(error).splitlines()[0] if str(error) else None
+    if code == _CUDA_CAPTURE_UNJOINED:
+        return UnjoinedStream(detail=detail)
+    if code in (_CUDA_CAPTURE_UNSUPPORTED, _CUDA_CAPTURED_EVENT) and not at_end:
+        return SyncDuringCapture(type(error).__name__, detail=detail)
+    if code is not None or at_end:
+        return CaptureInvalidated(detail=detail)
+    return error
+
+
+# ---------------------------------------------------------------------------------------------
+# Process-wide capture bookkeeping
+# ---------------------------------------------------------------------------------------------
+
+# Graphs whose capture was begun through this module and not yet ended. A new capture while this
+# is non-empty is nested (CAP-4). A set of weak references so that a graph dropped mid-capture
+# (never ended) does not keep the check failing forever.
+_ACTIVE: weakref.WeakSet[_CudaGraph] = weakref.WeakSet()
+_ACTIVE_LOCK = threading.Lock()
+
+
+def _stream_capturing(stream: torch.cuda.Stream) -> bool:
+    """Whether ``stream`` takes part in a capture (active or invalidated, not yet ended)."""
+    rt = _cudart()
+    if rt is None:
+        # torch only answers for the current stream; making ``stream`` current is host-side
+        # bookkeeping, legal during a capture.
+        with torch.cuda.stream(stream):
+            return bool(torch.cuda.is_current_stream_capturing())
+    err, status, *_ = rt.cudaStreamGetCaptureInfo(stream.cuda_stream)
+    if int(err) != 0:
+        # cudaErrorStreamCaptureImplicit: the legacy stream asked while another stream captures.
+        # The legacy stream itself can never capture.
+        return False
+    return status != rt.cudaStreamCaptureStatus.cudaStreamCaptureStatusNone
+
+
+def _capture_in_progress() -> bool:
+    with _ACTIVE_LOCK:
+        if len(_ACTIVE):
+            return True
+    return bool(torch.cuda.is_current_stream_capturing())
+
+
+def _release_failed_capture(device_index: int, pool: PoolHandle) -> None:
+    """Undo what torch's ``capture_begin`` did to the caching allocator when ``capture_end``
+    failed before it could: stop routing allocations to the pool and drop the reference the
+    capture took on it. Best effort: these are private torch hooks, looked up by name."""
+    pool_id = tuple(pool)
+    for name in ("_cuda_endAllocateToPool", "_cuda_releasePool"):
+        hook = getattr(torch._C, name, None)
+        if hook is None:
+            continue
+        with contextlib.suppress(Exception):
+            hook(device_index, pool_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# The graph class
+# ---------------------------------------------------------------------------------------------
+
+
+class _CudaGraph(torch.cuda.CUDAGraph):
+    """``torch.cuda.CUDAGraph`` whose capture refuses what would break the process and whose
+    failures are spec errors.
+
+    - ``capture_begin`` raises :class:`NestedCapture` while another capture is in progress
+      (``CAP-4``) and :class:`DefaultStreamCapture` on the default stream (``CAP-3``), before
+      touching CUDA. Without ``pool`` it allocates from a fresh private pool, as torch does.
+    - ``capture_end`` ends the capture on the stream it began on; a failure (an unjoined fork,
+      an invalidated capture) becomes :class:`UnjoinedStream` / :class:`CaptureInvalidated` with
+      the torch error as ``__cause__``, after the allocator has been released (``CAP-1``).
+    - ``replay`` raises :class:`GraphNotReady` without a complete capture (``RPL-2``).
+    """
+
+    def __init__(self, keep_graph: bool = False) -> None:
+        super().__init__(keep_graph)
+        self.keep_graph = bool(keep_graph)
+        self._ready = False
+        self._pool: PoolHandle | None = None
+        self._capture_stream: torch.cuda.Stream | None = None
+
+    def capture_begin(
+        self,
+        pool: PoolHandle | None = None,
+        capture_error_mode: CaptureErrorMode = "global",
+        **kwargs: Any,
+    ) -> None:
+        if capture_error_mode not in _CAPTURE_ERROR_MODES:
+            raise ValueError(
+                f"capture_error_mode must be one of {_CAPTURE_ERROR_MODES}, "
+                f"got {capture_error_mode!r}"
+            )
+        if _capture_in_progress():
+            raise NestedCapture()
+        stream = torch.cuda.current_stream()
+        if stream == torch.cuda.default_stream():
+            raise DefaultStreamCapture()
+        # An explicit token even for a private pool, so that a failed capture_end can be undone
+        # in the allocator (torch's own private-pool id is not readable before capture_end).
+        pool = torch.cuda.graph_pool_handle() if pool is None else pool
+        try:
+            super().capture_begin(pool=pool, capture_error_mode=capture_error_mode, **kwargs)
+        except RuntimeError as error:
+            if _stream_capturing(stream):
+                raise
+            _release_failed_capture(torch.cuda.current_device(), pool)
+            raise _translate(error, at_end=True) from error
+        self._ready = False
+        self._pool = pool
+        self._capture_stream = stream
+        with _ACTIVE_LOCK:
+            _ACTIVE.add(self)
+
+    def capture_end(self) -> None:
+        stream = self._capture_stream
+        if stream is None:
+            raise CaptureError("capture_end() without a capture in progress on this graph")
+        try:
+            # torch requires the capture stream to be current; make it so rather than leave a
+            # capture open on a stream nobody can end it from (CAP-1).
+            with torch.cuda.stream(stream):
+                super().capture_end()
+        except RuntimeError as error:
+            self._abandon_capture()
+            raise _translate(error, at_end=True) from error
+        finally:
+            with _ACTIVE_LOCK:
+                _ACTIVE.discard(self)
+            self._capture_stream = None
+        self._ready = True
+
+    def _abandon_capture(self) -> None:
+        # cudaStreamEndCapture ends the capture sequence even when it reports an error, but
+        # torch then skips endAllocateToPool: do it here, and forget the half-registered graph.
+        _release_failed_capture(torch.cuda.current_device(), self._pool)
+        with contextlib.suppress(Exception):
+            super().reset()
+        self._ready = False
+
+    def replay(self) -> None:
+        if not self._ready:
+            raise GraphNotReady()
+        super().replay()
+
+    def reset(self) -> None:
+        self._ready = False
+        super().reset()
+
+    def pool(self) -> PoolHandle:
+        if self._pool is not None:
+            return self._pool
+        return super().pool()
+
+    def __del__(self) -> None:
+        # Never raise under GC; a graph dropped mid-capture leaves the active set via the WeakSet.
+        with contextlib.suppress(Exception):
+            super().__del__()
+
+
+# ---------------------------------------------------------------------------------------------
+# The capture context manager
+# ---------------------------------------------------------------------------------------------
+
+
+class _CaptureContext:
+    """``CudaDevice.graph(...)``: ``torch.cuda.graph`` with the checks and mapping above.
+
+    Enter: refuse a nested capture or the default stream (before synchronizing), synchronize,
+    make the capture stream current, ``capture_begin``. Exit without an exception:
+    ``capture_end`` (spec errors on failure). Exit with an exception: end the capture, reset the
+    partial graph (its pool blocks are released), and re-raise the body's error, translated into
+    a spec error when it is a CUDA capture failure (``CAP-1``, ``CAP-2``).
+    """
+
+    def __init__(
+        self,
+        device: CudaDevice,
+        cuda_graph: _CudaGraph,
+        pool: PoolHandle | None,
+        stream: torch.cuda.Stream | None,
+        capture_error_mode: CaptureErrorMode,
+    ) -> None:
+        if not isinstance(cuda_graph, _CudaGraph):
+            raise TypeError(
+                f"cuda_graph must be a CudaDevice.CUDAGraph, got {type(cuda_graph).__name__}"
+            )
+        if capture_error_mode not in _CAPTURE_ERROR_MODES:
+            raise ValueError(
+                f"capture_error_mode must be one of {_CAPTURE_ERROR_MODES}, "
+                f"got {capture_error_mode!r}"
+            )
+        self._device = device
+        self._graph = cuda_graph
+        self._pool = pool
+        self._stream = stream if stream is not None else device._side_stream()
+        self._mode = capture_error_mode
+        self._stream_ctx: Any = None
+
+    def __enter__(self) -> _CudaGraph:
+        # Both checks before synchronize(): a synchronize during a capture would invalidate it.
+        if _capture_in_progress():
+            raise NestedCapture()
+        if self._stream == torch.cuda.default_stream():
+            raise DefaultStreamCapture()
+        torch.cuda.synchronize()
+        self._stream_ctx = torch.cuda.stream(self._stream)
+        self._stream_ctx.__enter__()
+        try:
+            self._graph.capture_begin(pool=self._pool, capture_error_mode=self._mode)
+        except BaseException:
+            self._stream_ctx.__exit__(None, None, None)
+            raise
+        return self._graph
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        try:
+            if exc is None:
+                self._graph.capture_end()
+                return False
+            try:
+                self._graph.capture_end()
+            except GraphError:
+                pass  # the body's failure invalidated the capture; report the body's error
+            else:
+                self._graph.reset()  # a partial graph must not replay (RPL-2)
+        finally:
+            self._stream_ctx.__exit__(None, None, None)
+        translated = _translate(exc, at_end=False)
+        if translated is not exc:
+            raise translated from exc
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Weak references
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _WeakTensorRef:
+    """Address and geometry of a CUDA tensor, without ownership."""
+
+    data_ptr: int
+    nbytes: int
+    device: torch.device
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int
+
+
+# ---------------------------------------------------------------------------------------------
+# The device
+# ---------------------------------------------------------------------------------------------
+
+
+class CudaDevice:
+    """The device protocol (:class:`spec.DeviceModule`) on the current CUDA device.
+
+    ``Stream`` and ``Event`` are ``torch.cuda``'s own classes (so code that calls
+    ``torch.cuda.current_stream()`` directly takes part in fork tracking), ``CUDAGraph`` is a
+    ``torch.cuda.CUDAGraph`` subclass that raises :mod:`spec.errors`. Registered as ``"cuda"``
+    in the device registry when ``impl`` is imported.
+
+    .. note::
+        ``is_stream_capturing`` asks the driver (``cudaStreamGetCaptureInfo``) when
+        ``cuda-python`` is installed; ``torch.cuda.is_current_stream_capturing()`` alone is not
+        trusted for side streams.
+
+    .. note::
+        ``graph_node_count`` and ``graph_op_names`` need a graph built with
+        ``CUDAGraph(keep_graph=True)`` and ``cuda-python``; they raise :class:`ValueError` /
+        :class:`RuntimeError` saying which is missing.
+
+    .. warning::
+        Some CUDA capture failures can leave driver state behind that this class cannot reset;
+        test suites run those scenarios in a subprocess, as PyTorch's own tests do (``CAP-1``).
+    """
+
+    name: str = "cuda"
+    CUDAGraph: type = _CudaGraph
+    Stream: type = torch.cuda.Stream
+    Event: type = torch.cuda.Event
+
+    # Side streams used when graph() is given no stream, one per device index, shared by every
+    # CudaDevice so that captures sharing a pool also share the stream its blocks belong to.
+    _side_streams: dict[int, torch.cuda.Stream] = {}  # noqa: RUF012
+
+    def __init__(self) -> None:
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "CudaDevice needs a CUDA device, but torch.cuda.is_available() is False; "
+                "on a machine without a GPU use fakes.FakeDevice() (spec.get_device('fake'))"
+            )
+        self.device = torch.device("cuda", torch.cuda.current_device())
+
+    def __repr__(self) -> str:
+        return f"CudaDevice({self.device})"
+
+    def _side_stream(self) -> torch.cuda.Stream:
+        index = self.device.index
+        stream = self._side_streams.get(index)
+        if stream is None:
+            stream = self._side_streams[index] = torch.cuda.Stream(self.device)
+        return stream
+
+    # -- graphs -------------------------------------------------------------------------------
+
+    def graph(
+        self,
+        cuda_graph: _CudaGraph,
+        pool: PoolHandle | None = None,
+        stream: torch.cuda.Stream | None = None,
+        capture_error_mode: CaptureErrorMode = "global",
+    ) -> contextlib.AbstractContextManager[_CudaGraph]:
+        """Capture the body into ``cuda_graph`` on ``stream`` (a shared side stream if
+        ``None``), from ``pool`` (the graph's private pool if ``None``); see
+        :class:`_CaptureContext` for the error handling."""
+        return _CaptureContext(self, cuda_graph, pool, stream, capture_error_mode)
+
+    def graph_pool_handle(self) -> PoolHandle:
+        return torch.cuda.graph_pool_handle()
+
+    # -- streams ------------------------------------------------------------------------------
+
+    def current_stream(self) -> torch.cuda.Stream:
+        return torch.cuda.current_stream()
+
+    def default_stream(self) -> torch.cuda.Stream:
+        return torch.cuda.default_stream()
+
+    def stream(self, stream: torch.cuda.Stream) -> contextlib.AbstractContextManager[Any]:
+        return torch.cuda.stream(stream)
+
+    def synchronize(self) -> None:
+        """``torch.cuda.synchronize()``; :class:`SyncDuringCapture` during a capture, raised
+        before CUDA would invalidate the capture (``CAP-2``)."""
+        if _capture_in_progress():
+            raise SyncDuringCapture("synchronize()")
+        torch.cuda.synchronize()
+
+    def is_current_stream_capturing(self) -> bool:
+        return _stream_capturing(torch.cuda.current_stream())
+
+    def is_stream_capturing(self, stream: torch.cuda.Stream) -> bool:
+        return _stream_capturing(stream)
+
+    # -- weak references ----------------------------------------------------------------------
+
+    def weak_ref_tensor(self, tensor: torch.Tensor) -> _WeakTensorRef:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+        return _WeakTensorRef(
+            data_ptr=tensor.untyped_storage().data_ptr(),
+            nbytes=tensor.untyped_storage().nbytes(),
+            device=tensor.device,
+            dtype=tensor.dtype,
+            shape=tuple(tensor.shape),
+            stride=tuple(tensor.stride()),
+            storage_offset=tensor.storage_offset(),
+        )
+
+    def resolve_weak_ref(self, handle: _WeakTensorRef) -> torch.Tensor:
+        """A tensor over the handle's memory, not owning it: CUDA cannot tell whether the
+        memory was freed or handed to another owner, so this returns whatever it holds."""
+        if not isinstance(handle, _WeakTensorRef):
+            raise TypeError(f"handle must come from weak_ref_tensor, got {type(handle).__name__}")
+        make_storage = getattr(torch._C, "_construct_storage_from_data_pointer", None)
+        if make_storage is None:
+            raise RuntimeError("this torch build cannot make a non-owning CUDA tensor")
+        storage = make_storage(handle.data_ptr, handle.device, handle.nbytes)
+        out = torch.empty(0, dtype=handle.dtype, device=handle.device)
+        return out.set_(storage, handle.storage_offset, handle.shape, handle.stride)
+
+    # -- introspection ------------------------------------------------------------------------
+
+    def graph_node_count(self, graph: _CudaGraph) -> int:
+        """Kernel, memcpy and memset nodes of ``graph`` (captured with ``keep_graph=True``)."""
+        return sum(1 for kind, _ in self._work_nodes(graph))
+
+    def graph_op_names(self, graph: _CudaGraph) -> Sequence[str | None]:
+        """One entry per work node of ``graph``: the kernel's name, or ``None`` for copies,
+        sets, and kernels whose name the driver does not give."""
+        return [name for _, name in self._work_nodes(graph)]
+
+    def _work_nodes(self, graph: _CudaGraph) -> Iterator[tuple[str, str | None]]:
+        if not isinstance(graph, _CudaGraph):
+            raise TypeError(f"graph must be a CudaDevice.CUDAGraph, got {type(graph).__name__}")
+        if not graph.keep_graph:
+            raise ValueError("graph must be built with CUDAGraph(keep_graph=True) to be inspected")
+        if not graph._ready:
+            raise GraphNotReady()
+        rt = _cudart()
+        if rt is None:
+            raise RuntimeError("graph introspection on CUDA needs cuda-python (cuda.bindings)")
+        raw = graph.raw_cuda_graph()
+        _, count = _checked(rt.cudaGraphGetNodes(raw, numNodes=0), "cudaGraphGetNodes")
+        nodes, count = _checked(rt.cudaGraphGetNodes(raw, numNodes=count), "cudaGraphGetNodes")
+        types = rt.cudaGraphNodeType
+        kinds = {
+            types.cudaGraphNodeTypeKernel: "kernel",
+            types.cudaGraphNodeTypeMemcpy: "memcpy",
+            types.cudaGraphNodeTypeMemset: "memset",
+        }
+        for node in list(nodes)[:count]:
+            kind = kinds.get(_checked(rt.cudaGraphNodeGetType(node), "cudaGraphNodeGetType"))
+            if kind is not None:
+                yield kind, (_kernel_name(node) if kind == "kernel" else None)
+
+
+def _kernel_name(node: Any) -> str | None:
+    drv = _cuda_driver()
+    if drv is None:
+        return None
+    try:
+        err, params = drv.cuGraphKernelNodeGetParams(drv.CUgraphNode(init_value=int(node)))
+        if int(err) != 0 or not int(params.func):
+            return None
+        err, name = drv.cuFuncGetName(drv.CUfunction(init_value=int(params.func)))
+        if int(err) != 0:
+            return None
+    except Exception:
+        return None
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+register_device("cuda", CudaDevice)
