@@ -1,0 +1,91 @@
+"""Sessions: ``cpu`` (default), ``gpu``, ``bench``, ``conformance`` (the main job) and ``lint``.
+
+``cpu``, ``bench``, ``conformance`` and ``lint`` build a virtualenv. The torch they install is
+``$CUDAGRAPH_TORCH`` (default ``torch==2.13.0``, a CPU build these machines install from a local
+wheel; set e.g. ``CUDAGRAPH_TORCH="torch --index-url <your CPU wheel index>"`` elsewhere, never
+the multi-GB CUDA build on a CPU runner). ``gpu`` runs in the current interpreter
+(``venv_backend="none"``): CUDA runners bring their own torch. Any session can be run in the
+current interpreter with ``nox --no-venv``; installs are then skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+import nox
+
+nox.options.sessions = ["cpu"]
+nox.options.reuse_existing_virtualenvs = True
+
+REPORTS = "reports"
+
+
+def _install(session: nox.Session, *extras: str) -> None:
+    """Install torch and the project (editable, with ``extras``) unless running without a venv."""
+    if session.venv_backend == "none":
+        return
+    session.install(*shlex.split(os.environ.get("CUDAGRAPH_TORCH", "torch==2.13.0")))
+    suffix = f"[{','.join(extras)}]" if extras else ""
+    session.install("-e", f".{suffix}")
+
+
+def _pytest(session: nox.Session, *args: str) -> None:
+    # -p loads the plugin from the checkout when the project is not installed (gpu, --no-venv);
+    # with an installed entry point of the same name it is a no-op.
+    session.run("python", "-m", "pytest", "-p", "conformance.plugin", *args, *session.posargs)
+
+
+@nox.session
+def cpu(session: nox.Session) -> None:
+    """The whole suite on the CPU fake: project tests (benchmarks as smoke runs) and the
+    conformance suite with ``--backend=fake``."""
+    _install(session, "test")
+    _pytest(session, "tests", "--benchmark-disable")
+    _pytest(session, "--pyargs", "conformance", "--backend=fake")
+
+
+@nox.session(venv_backend="none")
+def gpu(session: nox.Session) -> None:
+    """The GPU tests and the conformance suite on ``--backend=cuda``, in the current interpreter."""
+    session.run(
+        "python",
+        "-c",
+        "import sys, torch; ok = torch.cuda.is_available(); "
+        "print('torch', torch.__version__, 'cuda available:', ok); "
+        "sys.exit(0 if ok else 'nox -s gpu needs a CUDA device: torch.cuda.is_available() is False')",
+    )
+    _pytest(session, "tests", "--benchmark-disable")
+    _pytest(session, "--pyargs", "conformance", "--backend=cuda")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks (pytest-benchmark). JSON under ``reports/``: pytest-benchmark's full output and
+    one summary per benchmark with the ratios against its same-run baseline. On a CUDA runner use
+    ``nox --no-venv -s bench`` so the runner's torch is used."""
+    _install(session, "test")
+    os.makedirs(REPORTS, exist_ok=True)
+    session.env["BENCH_REPORT_DIR"] = REPORTS
+    _pytest(
+        session,
+        "tests/bench",
+        "--benchmark-only",
+        f"--benchmark-json={REPORTS}/benchmarks.json",
+    )
+
+
+@nox.session
+def conformance(session: nox.Session) -> None:
+    """The main job: the conformance suite against a backend (``fake`` unless
+    ``CONFORMANCE_BACKEND`` or ``-- --backend=...`` says otherwise)."""
+    _install(session, "test")
+    _pytest(session, "--pyargs", "conformance")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over every package, the tests and this file."""
+    if session.venv_backend != "none":
+        session.install("ruff")
+    session.run("ruff", "check", "spec", "impl", "fakes", "conformance", "tests", "noxfile.py")
