@@ -53,7 +53,8 @@ def gpu(session: nox.Session) -> None:
         "-c",
         "import sys, torch; ok = torch.cuda.is_available(); "
         "print('torch', torch.__version__, 'cuda available:', ok); "
-        "sys.exit(0 if ok else 'nox -s gpu needs a CUDA device: torch.cuda.is_available() is False')",
+        "sys.exit(0 if ok else "
+        "'nox -s gpu needs a CUDA device: torch.cuda.is_available() is False')",
     )
     _pytest(session, "tests", "--benchmark-disable")
     _pytest(session, "--pyargs", "conformance", "--backend=cuda")
