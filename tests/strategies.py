@@ -1,21 +1,7 @@
-"""The project's hypothesis strategies, one import point (the topic modules are private)."""
+"""The project's hypothesis strategies, one import point (the topic modules are private).
 
-from ._strategies_registry import (
-    FillSpec,
-    RegistryCase,
-    SlotSpec,
-    build_impl_slot,
-    build_oracle_slot,
-    make_batch,
-    registry_cases,
-)
+The registry's strategies drive the conformance suite against any implementation, so they live
+with those scenarios (``conformance/_registry_strategies.py``).
+"""
 
-__all__ = [
-    "FillSpec",
-    "RegistryCase",
-    "SlotSpec",
-    "build_impl_slot",
-    "build_oracle_slot",
-    "make_batch",
-    "registry_cases",
-]
+__all__: list[str] = []

@@ -1,5 +1,7 @@
 """Hypothesis strategies for the input-buffer registry: random slot sets and fill sequences.
 
+Policies are drawn by *name*, so the same cases drive any implementation of the registry API.
+
 A drawn :class:`RegistryCase` is backend-free data; :func:`build_impl_slot` and
 :func:`build_oracle_slot` turn one :class:`SlotSpec` into the ``impl`` slot and the ``spec``
 oracle's model of it, so a property test can drive both with the same fills.
@@ -14,7 +16,6 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-import impl
 from spec import OracleSlot
 
 __all__ = [
@@ -28,7 +29,7 @@ __all__ = [
 ]
 
 DTYPES = (torch.int64, torch.int32, torch.bool, torch.float32, torch.bfloat16)
-POLICIES = tuple(impl.PaddingPolicy)
+POLICIES = ("KEEP_PAD", "FILL_SENTINEL", "ZERO", "FOREACH_COPY", "FILL_ONCE")
 # Layouts: where the padded axis runs, and what the rest of the buffer looks like.
 #   "row": [N]      "wide": [N, 2]      "cols": [3, N] with slice_fn on dim 1     "none": [4]
 LAYOUTS = ("row", "wide", "cols", "none")
@@ -40,7 +41,7 @@ class SlotSpec:
     layout: str
     axis: str
     dtype: torch.dtype
-    policy: impl.PaddingPolicy
+    policy: str
     pad_value: Any
     on_host: bool
     copy_from_fb: bool
@@ -92,12 +93,12 @@ def slot_specs(draw: st.DrawFn, index: int) -> SlotSpec:
     axis = "none" if layout == "none" else draw(st.sampled_from(["bs", "tokens"]))
     if axis == "none":
         policy = draw(
-            st.sampled_from([impl.PaddingPolicy.KEEP_PAD, impl.PaddingPolicy.FOREACH_COPY])
+            st.sampled_from(["KEEP_PAD", "FOREACH_COPY"])
         )
     else:
         policy = draw(st.sampled_from(POLICIES))
     dtype = draw(st.sampled_from(DTYPES))
-    needs_pad = policy in (impl.PaddingPolicy.FILL_SENTINEL, impl.PaddingPolicy.FILL_ONCE)
+    needs_pad = policy in ("FILL_SENTINEL", "FILL_ONCE")
     pad_value = draw(_pad_value(dtype)) if needs_pad else None
     dotted = draw(st.booleans()) and layout == "row"
     return SlotSpec(
@@ -190,14 +191,15 @@ def _cols(buf: torch.Tensor, n: int) -> torch.Tensor:
     return buf[:, :n]
 
 
-def build_impl_slot(spec: SlotSpec, device: torch.device) -> impl.GraphSlot:
-    return impl.GraphSlot(
+def build_impl_slot(spec: SlotSpec, api: Any) -> Any:
+    """The slot of the registry API ``api`` (``impl`` or an adapter's) described by ``spec``."""
+    return api.GraphSlot(
         spec.name,
         shape_fn=spec.shape,
         dtype=spec.dtype,
         axis=spec.axis,
         device="cpu" if spec.on_host else None,
-        padding_policy=spec.policy,
+        padding_policy=api.PaddingPolicy[spec.policy],
         pad_value=spec.pad_value,
         enabled=spec.enabled,
         copy_from_fb=spec.copy_from_fb,
@@ -214,7 +216,7 @@ def build_oracle_slot(spec: SlotSpec, max_bs: int, max_num_tokens: int) -> Oracl
         dtype=spec.dtype,
         axis=spec.axis,
         axis_dim=spec.axis_dim,
-        policy=spec.policy.name,
+        policy=spec.policy,
         pad_value=spec.pad_value,
         enabled=spec.enabled,
         copy_from_fb=spec.copy_from_fb,

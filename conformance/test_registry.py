@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-
-import impl
-from impl import CudaGraphBufferRegistry, GraphSlot, PaddingPolicy
-
-P = PaddingPolicy
-CPU = torch.device("cpu")
 
 
 def _tokens(bs: int, t: int) -> tuple[int]:
@@ -48,16 +43,18 @@ class _OpLog(TorchDispatchMode):
     "kwargs",
     [
         dict(axis="batch"),
-        dict(axis="none", padding_policy=P.ZERO),
-        dict(axis="none", padding_policy=P.FILL_SENTINEL, pad_value=1),
-        dict(padding_policy=P.FILL_SENTINEL),
-        dict(padding_policy=P.FILL_ONCE),
+        dict(axis="none", padding_policy="ZERO"),
+        dict(axis="none", padding_policy="FILL_SENTINEL", pad_value=1),
+        dict(padding_policy="FILL_SENTINEL"),
+        dict(padding_policy="FILL_ONCE"),
     ],
     ids=["unknown-axis", "none-zero", "none-sentinel", "sentinel-no-pad", "once-no-pad"],
 )
-def test_slot_rejects_inconsistent_declarations(kwargs: dict) -> None:
+def test_slot_rejects_inconsistent_declarations(api: Any, kwargs: dict) -> None:
+    if "padding_policy" in kwargs:
+        kwargs = {**kwargs, "padding_policy": api.PaddingPolicy[kwargs["padding_policy"]]}
     with pytest.raises(ValueError):
-        GraphSlot("x", _tokens, torch.int64, **kwargs)
+        api.GraphSlot("x", _tokens, torch.int64, **kwargs)
 
 
 @pytest.mark.clause("REG-1")
@@ -66,27 +63,31 @@ def test_slot_rejects_inconsistent_declarations(kwargs: dict) -> None:
     [dict(dtype="int64"), dict(shape_fn=None), dict(padding_policy="ZERO"), dict(post_fill=3)],
     ids=["dtype", "shape_fn", "policy", "post_fill"],
 )
-def test_slot_rejects_wrong_types(kwargs: dict) -> None:
+def test_slot_rejects_wrong_types(api: Any, kwargs: dict) -> None:
     base = dict(name="x", shape_fn=_tokens, dtype=torch.int64)
     with pytest.raises(TypeError):
-        GraphSlot(**{**base, **kwargs})
+        api.GraphSlot(**{**base, **kwargs})
 
 
 @pytest.mark.clause("REG-1")
-@pytest.mark.parametrize("policy", [P.KEEP_PAD, P.FOREACH_COPY])
-def test_slot_axis_none_accepts_non_padding_policies(policy: PaddingPolicy) -> None:
-    assert GraphSlot("x", _tokens, torch.int64, axis="none", padding_policy=policy).axis == "none"
+@pytest.mark.parametrize("policy", ["KEEP_PAD", "FOREACH_COPY"])
+def test_slot_axis_none_accepts_non_padding_policies(api: Any, policy: str) -> None:
+    slot = api.GraphSlot(
+        "x", _tokens, torch.int64, axis="none", padding_policy=api.PaddingPolicy[policy]
+    )
+    assert slot.axis == "none"
 
 
 @pytest.mark.clause("REG-6")
-def test_slice_for_is_a_view_of_the_padded_prefix() -> None:
-    reg = CudaGraphBufferRegistry(CPU, 4, 8)
-    tok = reg.register_slot(GraphSlot("t", _tokens, torch.int64))
-    bs = reg.register_slot(GraphSlot("b", _bs, torch.int64, axis="bs"))
+def test_slice_for_is_a_view_of_the_padded_prefix(api: Any, device: Any) -> None:
+    where = device.device
+    reg = api.CudaGraphBufferRegistry(where, 4, 8)
+    tok = reg.register_slot(api.GraphSlot("t", _tokens, torch.int64))
+    bs = reg.register_slot(api.GraphSlot("b", _bs, torch.int64, axis="bs"))
     cols = reg.register_slot(
-        GraphSlot("m", lambda b, t: (3, t), torch.int64, slice_fn=lambda buf, n: buf[:, :n])
+        api.GraphSlot("m", lambda b, t: (3, t), torch.int64, slice_fn=lambda buf, n: buf[:, :n])
     )
-    whole = reg.register_slot(GraphSlot("w", lambda b, t: (5,), torch.int64, axis="none"))
+    whole = reg.register_slot(api.GraphSlot("w", lambda b, t: (5,), torch.int64, axis="none"))
     for slot, shape in ((tok, (6,)), (bs, (3,)), (cols, (3, 6)), (whole, (5,))):
         view = slot.slice_for(3, 6)
         assert tuple(view.shape) == shape, f"{slot.name}: shape {tuple(view.shape)} != {shape}"
@@ -96,22 +97,26 @@ def test_slice_for_is_a_view_of_the_padded_prefix() -> None:
 
 
 @pytest.mark.clause("REG-6", "REG-12")
-def test_slice_for_without_buffer_raises() -> None:
+def test_slice_for_without_buffer_raises(api: Any, device: Any) -> None:
+    where = device.device
     with pytest.raises(RuntimeError):
-        GraphSlot("x", _tokens, torch.int64).slice_for(1, 1)
-    reg = CudaGraphBufferRegistry(CPU, 2, 2)
-    slot = reg.register_slot(GraphSlot("off", _tokens, torch.int64, enabled=False))
+        api.GraphSlot("x", _tokens, torch.int64).slice_for(1, 1)
+    reg = api.CudaGraphBufferRegistry(where, 2, 2)
+    slot = reg.register_slot(api.GraphSlot("off", _tokens, torch.int64, enabled=False))
     with pytest.raises(RuntimeError):
         slot.slice_for(1, 1)
 
 
 @pytest.mark.clause("REG-6")
-def test_slice_fn_must_cut_one_dimension() -> None:
-    reg = CudaGraphBufferRegistry(CPU, 2, 4)
-    bad = GraphSlot("bad", lambda b, t: (3, t), torch.int64, slice_fn=lambda buf, n: buf[:n, :n])
+def test_slice_fn_must_cut_one_dimension(api: Any, device: Any) -> None:
+    where = device.device
+    reg = api.CudaGraphBufferRegistry(where, 2, 4)
+    bad = api.GraphSlot(
+        "bad", lambda b, t: (3, t), torch.int64, slice_fn=lambda buf, n: buf[:n, :n]
+    )
     with pytest.raises(ValueError):
         reg.register_slot(bad)
-    copy = GraphSlot("copy", _tokens, torch.int64, slice_fn=lambda buf, n: buf[:n].clone())
+    copy = api.GraphSlot("copy", _tokens, torch.int64, slice_fn=lambda buf, n: buf[:n].clone())
     with pytest.raises(ValueError):
         reg.register_slot(copy)
 
@@ -120,26 +125,44 @@ def test_slice_fn_must_cut_one_dimension() -> None:
 
 
 @pytest.mark.clause("REG-2")
-def test_registration_initialises_buffers_per_policy() -> None:
-    reg = CudaGraphBufferRegistry(CPU, 3, 5)
-    zero = reg.register_slot(GraphSlot("z", _tokens, torch.int32, padding_policy=P.ZERO))
+def test_registration_initialises_buffers_per_policy(api: Any, device: Any) -> None:
+    where = device.device
+    reg = api.CudaGraphBufferRegistry(where, 3, 5)
+    zero = reg.register_slot(
+        api.GraphSlot("z", _tokens, torch.int32, padding_policy=api.PaddingPolicy.ZERO)
+    )
     sent = reg.register_slot(
-        GraphSlot("s", _bs, torch.int64, axis="bs", padding_policy=P.FILL_SENTINEL, pad_value=9)
+        api.GraphSlot(
+            "s",
+            _bs,
+            torch.int64,
+            axis="bs",
+            padding_policy=api.PaddingPolicy.FILL_SENTINEL,
+            pad_value=9,
+        )
     )
     once = reg.register_slot(
-        GraphSlot("o", _bs, torch.bool, axis="bs", padding_policy=P.FILL_ONCE, pad_value=True)
+        api.GraphSlot(
+            "o",
+            _bs,
+            torch.bool,
+            axis="bs",
+            padding_policy=api.PaddingPolicy.FILL_ONCE,
+            pad_value=True,
+        )
     )
     assert zero.buffer.tolist() == [0] * 5 and zero.buffer.dtype == torch.int32
     assert sent.buffer.tolist() == [9, 9, 9]
     assert once.buffer.tolist() == [True] * 3
     with pytest.raises(ValueError):
-        reg.register_slot(GraphSlot("z", _tokens, torch.int32))
+        reg.register_slot(api.GraphSlot("z", _tokens, torch.int32))
 
 
 @pytest.mark.clause("REG-2")
-def test_buffers_never_move_across_fills() -> None:
-    reg = impl.build_decode_registry(
-        device=CPU,
+def test_buffers_never_move_across_fills(api: Any, device: Any) -> None:
+    where = device.device
+    reg = api.build_decode_registry(
+        device=where,
         max_bs=4,
         max_num_token=8,
         seq_len_fill_value=1,
@@ -155,10 +178,11 @@ def test_buffers_never_move_across_fills() -> None:
 
 
 @pytest.mark.clause("REG-12")
-def test_disabled_slot_is_kept_but_inert() -> None:
-    reg = CudaGraphBufferRegistry(CPU, 2, 4)
-    reg.register_slot(GraphSlot("on", _tokens, torch.int64))
-    off = reg.register_slot(GraphSlot("off", _tokens, torch.int64, enabled=False))
+def test_disabled_slot_is_kept_but_inert(api: Any, device: Any) -> None:
+    where = device.device
+    reg = api.CudaGraphBufferRegistry(where, 2, 4)
+    reg.register_slot(api.GraphSlot("on", _tokens, torch.int64))
+    off = reg.register_slot(api.GraphSlot("off", _tokens, torch.int64, enabled=False))
     assert reg.get_slot("off") is off and off.buffer is None
     assert not reg.has_slot("off") and reg.has_slot("on")
     assert reg.slot_names() == ["on"]
@@ -170,17 +194,25 @@ def test_disabled_slot_is_kept_but_inert() -> None:
 
 
 @pytest.mark.clause("REG-11")
-def test_bind_adopts_after_checks_and_never_refills() -> None:
-    reg = CudaGraphBufferRegistry(CPU, 3, 4, share_pool=True)
-    impl.clear_input_buffer_pool()
+def test_bind_adopts_after_checks_and_never_refills(api: Any, device: Any) -> None:
+    where = device.device
+    reg = api.CudaGraphBufferRegistry(where, 3, 4, share_pool=True)
+    api.clear_input_buffer_pool()
     mine = torch.full((3,), 5, dtype=torch.int64)
-    slot = GraphSlot("sl", _bs, torch.int64, axis="bs", padding_policy=P.FILL_SENTINEL, pad_value=1)
+    slot = api.GraphSlot(
+        "sl",
+        _bs,
+        torch.int64,
+        axis="bs",
+        padding_policy=api.PaddingPolicy.FILL_SENTINEL,
+        pad_value=1,
+    )
     reg.register_slot(slot, bind=mine)
     assert slot.buffer is mine and mine.tolist() == [5, 5, 5]
     # Never pooled: a later pooled request for the same key gets its own canonical buffer.
-    other = impl.share_input_buffer("sl", torch.zeros(3, dtype=torch.int64))
+    other = api.share_input_buffer("sl", torch.zeros(3, dtype=torch.int64))
     assert other.data_ptr() != mine.data_ptr()
-    impl.clear_input_buffer_pool()
+    api.clear_input_buffer_pool()
     for bad, exc in (
         (torch.zeros(4, dtype=torch.int64), ValueError),
         (torch.zeros(3, dtype=torch.int32), ValueError),
@@ -188,8 +220,8 @@ def test_bind_adopts_after_checks_and_never_refills() -> None:
         ([0, 0, 0], TypeError),
     ):
         with pytest.raises(exc):
-            CudaGraphBufferRegistry(CPU, 3, 4).register_slot(
-                GraphSlot("sl", _bs, torch.int64, axis="bs"), bind=bad
+            api.CudaGraphBufferRegistry(where, 3, 4).register_slot(
+                api.GraphSlot("sl", _bs, torch.int64, axis="bs"), bind=bad
             )
 
 
@@ -208,18 +240,22 @@ def test_bind_adopts_after_checks_and_never_refills() -> None:
     ],
     ids=["bs-raw>padded", "tok-raw>padded", "bs>max", "tok>max", "negative"],
 )
-def test_fill_rejects_bad_sizes(sizes: dict) -> None:
-    reg = CudaGraphBufferRegistry(CPU, 4, 8)
-    reg.register_slot(GraphSlot("x", _tokens, torch.int64))
+def test_fill_rejects_bad_sizes(api: Any, device: Any, sizes: dict) -> None:
+    where = device.device
+    reg = api.CudaGraphBufferRegistry(where, 4, 8)
+    reg.register_slot(api.GraphSlot("x", _tokens, torch.int64))
     with pytest.raises(ValueError):
         reg.fill_from(SimpleNamespace(), **sizes)
 
 
 @pytest.mark.clause("REG-7")
-def test_rejected_fill_writes_nothing() -> None:
-    reg = CudaGraphBufferRegistry(CPU, 4, 8)
-    zero = reg.register_slot(GraphSlot("a", _tokens, torch.int64, padding_policy=P.ZERO))
-    fine = reg.register_slot(GraphSlot("b", _tokens, torch.int64))
+def test_rejected_fill_writes_nothing(api: Any, device: Any) -> None:
+    where = device.device
+    reg = api.CudaGraphBufferRegistry(where, 4, 8)
+    zero = reg.register_slot(
+        api.GraphSlot("a", _tokens, torch.int64, padding_policy=api.PaddingPolicy.ZERO)
+    )
+    fine = reg.register_slot(api.GraphSlot("b", _tokens, torch.int64))
     reg.fill_from(
         SimpleNamespace(a=torch.arange(8) + 1, b=torch.arange(8) + 1),
         raw_bs=0,
@@ -235,9 +271,10 @@ def test_rejected_fill_writes_nothing() -> None:
 
 
 @pytest.mark.clause("REG-7")
-def test_source_fn_source_longer_than_buffer_is_rejected() -> None:
-    reg = CudaGraphBufferRegistry(CPU, 2, 4)
-    reg.register_slot(GraphSlot("x", _tokens, torch.int64, source_fn=lambda fb, ctx: fb.long))
+def test_source_fn_source_longer_than_buffer_is_rejected(api: Any, device: Any) -> None:
+    where = device.device
+    reg = api.CudaGraphBufferRegistry(where, 2, 4)
+    reg.register_slot(api.GraphSlot("x", _tokens, torch.int64, source_fn=lambda fb, ctx: fb.long))
     with pytest.raises(ValueError):
         reg.fill_from(
             SimpleNamespace(long=torch.arange(5)),
@@ -249,9 +286,12 @@ def test_source_fn_source_longer_than_buffer_is_rejected() -> None:
 
 
 @pytest.mark.clause("REG-5")
-def test_source_fn_fills_source_length_prefix_and_none_skips() -> None:
-    reg = CudaGraphBufferRegistry(CPU, 2, 6)
-    slot = reg.register_slot(GraphSlot("x", _tokens, torch.int64, source_fn=lambda fb, ctx: fb.src))
+def test_source_fn_fills_source_length_prefix_and_none_skips(api: Any, device: Any) -> None:
+    where = device.device
+    reg = api.CudaGraphBufferRegistry(where, 2, 6)
+    slot = reg.register_slot(
+        api.GraphSlot("x", _tokens, torch.int64, source_fn=lambda fb, ctx: fb.src)
+    )
     reg.fill_from(
         SimpleNamespace(src=torch.tensor([4, 5, 6, 7])),
         raw_bs=0,
@@ -267,9 +307,10 @@ def test_source_fn_fills_source_length_prefix_and_none_skips() -> None:
 
 
 @pytest.mark.clause("REG-5")
-def test_copies_are_grouped_per_dtype_pair() -> None:
-    reg = impl.build_decode_registry(
-        device=CPU,
+def test_copies_are_grouped_per_dtype_pair(api: Any, device: Any) -> None:
+    where = device.device
+    reg = api.build_decode_registry(
+        device=where,
         max_bs=4,
         max_num_token=8,
         seq_len_fill_value=1,
@@ -295,11 +336,11 @@ def test_copies_are_grouped_per_dtype_pair() -> None:
 
 
 @pytest.mark.clause("REG-5")
-def test_host_destinations_are_copied_after_device_groups() -> None:
+def test_host_destinations_are_copied_after_device_groups(api: Any) -> None:
     # A "meta" registry stands in for an accelerator: its host slot must be copied last.
-    reg = CudaGraphBufferRegistry("meta", 2, 4)
-    reg.register_slot(GraphSlot("host", _bs, torch.int64, axis="bs", device="cpu"))
-    reg.register_slot(GraphSlot("dev", _tokens, torch.int64))
+    reg = api.CudaGraphBufferRegistry("meta", 2, 4)
+    reg.register_slot(api.GraphSlot("host", _bs, torch.int64, axis="bs", device="cpu"))
+    reg.register_slot(api.GraphSlot("dev", _tokens, torch.int64))
     fb = SimpleNamespace(host=torch.arange(2), dev=torch.empty(3, dtype=torch.int64, device="meta"))
     with _OpLog() as log:
         reg.fill_from(fb, raw_bs=2, padded_bs=2, raw_num_tokens=3, padded_num_tokens=3)
@@ -308,17 +349,27 @@ def test_host_destinations_are_copied_after_device_groups() -> None:
 
 
 @pytest.mark.clause("REG-4")
-def test_phases_run_in_order_and_hooks_in_registration_order() -> None:
+def test_phases_run_in_order_and_hooks_in_registration_order(api: Any, device: Any) -> None:
+    where = device.device
     seen: list[tuple[str, list[int]]] = []
 
-    def hook(buf: torch.Tensor, fb: object, ctx: impl.FillContext) -> None:
+    def hook(buf: torch.Tensor, fb: object, ctx: Any) -> None:
         seen.append((f"{ctx.raw_num_tokens}/{ctx.padded_num_tokens}", buf.tolist()))
 
-    reg = CudaGraphBufferRegistry(CPU, 1, 4)
-    reg.register_slot(GraphSlot("a", _tokens, torch.int64, padding_policy=P.ZERO, post_fill=hook))
+    reg = api.CudaGraphBufferRegistry(where, 1, 4)
     reg.register_slot(
-        GraphSlot(
-            "b", _tokens, torch.int64, padding_policy=P.FILL_SENTINEL, pad_value=-1, post_fill=hook
+        api.GraphSlot(
+            "a", _tokens, torch.int64, padding_policy=api.PaddingPolicy.ZERO, post_fill=hook
+        )
+    )
+    reg.register_slot(
+        api.GraphSlot(
+            "b",
+            _tokens,
+            torch.int64,
+            padding_policy=api.PaddingPolicy.FILL_SENTINEL,
+            pad_value=-1,
+            post_fill=hook,
         )
     )
     full = SimpleNamespace(a=torch.tensor([1, 2, 3, 4]), b=torch.tensor([5, 6, 7, 8]))
@@ -341,12 +392,13 @@ class _Batch:
 
 
 @pytest.mark.clause("REG-8")
-def test_extract_buffer_returns_new_batch_of_views() -> None:
-    reg = CudaGraphBufferRegistry(CPU, 4, 8)
-    ids = reg.register_slot(GraphSlot("input_ids", _tokens, torch.int64))
-    reg.register_slot(GraphSlot("positions", _tokens, torch.int64))
-    comp = reg.register_slot(GraphSlot("computed", _tokens, torch.int64, copy_from_fb=False))
-    reg.register_slot(GraphSlot("sub.field", _tokens, torch.int64))
+def test_extract_buffer_returns_new_batch_of_views(api: Any, device: Any) -> None:
+    where = device.device
+    reg = api.CudaGraphBufferRegistry(where, 4, 8)
+    ids = reg.register_slot(api.GraphSlot("input_ids", _tokens, torch.int64))
+    reg.register_slot(api.GraphSlot("positions", _tokens, torch.int64))
+    comp = reg.register_slot(api.GraphSlot("computed", _tokens, torch.int64, copy_from_fb=False))
+    reg.register_slot(api.GraphSlot("sub.field", _tokens, torch.int64))
     template = _Batch(batch_size=2, input_ids=torch.arange(3), positions=None)
     out = reg.extract_buffer(padded_bs=4, padded_num_tokens=6, forward_batch_template=template)
     assert out is not template and template.batch_size == 2
@@ -364,7 +416,7 @@ def test_extract_buffer_returns_new_batch_of_views() -> None:
 # -- builders -----------------------------------------------------------------------------------
 
 
-def _table(reg: CudaGraphBufferRegistry) -> dict[str, tuple]:
+def _table(reg: Any) -> dict[str, tuple]:
     out = {}
     for name in reg.slot_names():
         s = reg.get_slot(name)
@@ -379,9 +431,10 @@ def _table(reg: CudaGraphBufferRegistry) -> dict[str, tuple]:
 
 
 @pytest.mark.clause("REG-9")
-def test_decode_registry_slot_table() -> None:
-    reg = impl.build_decode_registry(
-        device=CPU,
+def test_decode_registry_slot_table(api: Any, device: Any) -> None:
+    where = device.device
+    reg = api.build_decode_registry(
+        device=where,
         max_bs=2,
         max_num_token=4,
         seq_len_fill_value=7,
@@ -394,24 +447,24 @@ def test_decode_registry_slot_table() -> None:
     )
     i64, i32 = torch.int64, torch.int32
     assert _table(reg) == {
-        "input_ids": ("tokens", i64, P.FOREACH_COPY, "cpu", (4,)),
-        "positions": ("tokens", i64, P.ZERO, "cpu", (4,)),
-        "out_cache_loc": ("tokens", i32, P.ZERO, "cpu", (4,)),
-        "req_pool_indices": ("bs", i64, P.ZERO, "cpu", (2,)),
-        "seq_lens": ("bs", i64, P.FILL_SENTINEL, "cpu", (2,)),
-        "seq_lens_cpu": ("bs", i64, P.FILL_SENTINEL, "cpu", (2,)),
-        "mrope_positions": ("tokens", i64, P.ZERO, "cpu", (3, 4)),
-        "out_cache_loc_swa": ("tokens", i32, P.ZERO, "cpu", (4,)),
-        "mamba_track_indices": ("bs", i64, P.ZERO, "cpu", (2,)),
-        "mamba_track_mask": ("bs", torch.bool, P.ZERO, "cpu", (2,)),
-        "encoder_lens": ("bs", i32, P.FILL_ONCE, "cpu", (2,)),
+        "input_ids": ("tokens", i64, api.PaddingPolicy.FOREACH_COPY, "cpu", (4,)),
+        "positions": ("tokens", i64, api.PaddingPolicy.ZERO, "cpu", (4,)),
+        "out_cache_loc": ("tokens", i32, api.PaddingPolicy.ZERO, "cpu", (4,)),
+        "req_pool_indices": ("bs", i64, api.PaddingPolicy.ZERO, "cpu", (2,)),
+        "seq_lens": ("bs", i64, api.PaddingPolicy.FILL_SENTINEL, "cpu", (2,)),
+        "seq_lens_cpu": ("bs", i64, api.PaddingPolicy.FILL_SENTINEL, "cpu", (2,)),
+        "mrope_positions": ("tokens", i64, api.PaddingPolicy.ZERO, "cpu", (3, 4)),
+        "out_cache_loc_swa": ("tokens", i32, api.PaddingPolicy.ZERO, "cpu", (4,)),
+        "mamba_track_indices": ("bs", i64, api.PaddingPolicy.ZERO, "cpu", (2,)),
+        "mamba_track_mask": ("bs", torch.bool, api.PaddingPolicy.ZERO, "cpu", (2,)),
+        "encoder_lens": ("bs", i32, api.PaddingPolicy.FILL_ONCE, "cpu", (2,)),
     }
     assert reg.get_slot("seq_lens").buffer.tolist() == [7, 7]
-    assert reg.get_slot("seq_lens_cpu").device == CPU
+    assert reg.get_slot("seq_lens_cpu").buffer.device.type == "cpu"
     assert reg.get_slot("encoder_lens").buffer.tolist() == [3, 3]
     assert reg.get_slot("mrope_positions").slice_for(1, 2).shape == (3, 2)
-    plain = impl.build_decode_registry(
-        device=CPU,
+    plain = api.build_decode_registry(
+        device=where,
         max_bs=2,
         max_num_token=4,
         seq_len_fill_value=7,
@@ -422,9 +475,10 @@ def test_decode_registry_slot_table() -> None:
 
 
 @pytest.mark.clause("REG-10")
-def test_prefill_registry_slot_table() -> None:
-    reg = impl.build_prefill_registry(
-        device=CPU,
+def test_prefill_registry_slot_table(api: Any, device: Any) -> None:
+    where = device.device
+    reg = api.build_prefill_registry(
+        device=where,
         max_bs=2,
         max_num_token=4,
         cache_loc_dtype=torch.int64,
@@ -437,20 +491,20 @@ def test_prefill_registry_slot_table() -> None:
     )
     i64 = torch.int64
     assert _table(reg) == {
-        "input_ids": ("tokens", i64, P.ZERO, "cpu", (4,)),
-        "positions": ("tokens", i64, P.ZERO, "cpu", (4,)),
-        "out_cache_loc": ("tokens", i64, P.ZERO, "cpu", (4,)),
-        "out_cache_loc_swa": ("tokens", torch.int32, P.ZERO, "cpu", (4,)),
-        "mrope_positions": ("tokens", i64, P.ZERO, "cpu", (3, 4)),
-        "input_embeds": ("tokens", torch.float32, P.ZERO, "cpu", (4, 3)),
-        "mamba_track_indices": ("bs", i64, P.FOREACH_COPY, "cpu", (2,)),
-        "mamba_track_mask": ("bs", torch.bool, P.FOREACH_COPY, "cpu", (2,)),
+        "input_ids": ("tokens", i64, api.PaddingPolicy.ZERO, "cpu", (4,)),
+        "positions": ("tokens", i64, api.PaddingPolicy.ZERO, "cpu", (4,)),
+        "out_cache_loc": ("tokens", i64, api.PaddingPolicy.ZERO, "cpu", (4,)),
+        "out_cache_loc_swa": ("tokens", torch.int32, api.PaddingPolicy.ZERO, "cpu", (4,)),
+        "mrope_positions": ("tokens", i64, api.PaddingPolicy.ZERO, "cpu", (3, 4)),
+        "input_embeds": ("tokens", torch.float32, api.PaddingPolicy.ZERO, "cpu", (4, 3)),
+        "mamba_track_indices": ("bs", i64, api.PaddingPolicy.FOREACH_COPY, "cpu", (2,)),
+        "mamba_track_mask": ("bs", torch.bool, api.PaddingPolicy.FOREACH_COPY, "cpu", (2,)),
     }
     assert not reg.get_slot("input_embeds").copy_from_fb
     for bad in (dict(hidden_size=0, embed_dtype=torch.float32), dict(hidden_size=4)):
         with pytest.raises(ValueError):
-            impl.build_prefill_registry(
-                device=CPU,
+            api.build_prefill_registry(
+                device=where,
                 max_bs=1,
                 max_num_token=2,
                 cache_loc_dtype=i64,
@@ -460,9 +514,10 @@ def test_prefill_registry_slot_table() -> None:
 
 
 @pytest.mark.clause("REG-11")
-def test_builders_bind_to_source_fields() -> None:
-    src = impl.build_decode_registry(
-        device=CPU,
+def test_builders_bind_to_source_fields(api: Any, device: Any) -> None:
+    where = device.device
+    src = api.build_decode_registry(
+        device=where,
         max_bs=2,
         max_num_token=4,
         seq_len_fill_value=1,
@@ -471,8 +526,8 @@ def test_builders_bind_to_source_fields() -> None:
     )
     fields = SimpleNamespace(**{n: src.get_slot(n).buffer for n in src.slot_names()})
     fields.seq_lens.fill_(42)
-    bound = impl.build_decode_registry(
-        device=CPU,
+    bound = api.build_decode_registry(
+        device=where,
         max_bs=2,
         max_num_token=4,
         seq_len_fill_value=1,
@@ -484,8 +539,8 @@ def test_builders_bind_to_source_fields() -> None:
     assert fields.seq_lens.tolist() == [42, 42], "a bound tensor must not be re-filled"
     del fields.positions
     with pytest.raises(ValueError):
-        impl.build_decode_registry(
-            device=CPU,
+        api.build_decode_registry(
+            device=where,
             max_bs=2,
             max_num_token=4,
             seq_len_fill_value=1,

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import impl
-
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 SHAPES = {4: [(4,), (2, 2)], 6: [(6,), (3, 2)]}
 
 requests = st.lists(
@@ -17,7 +16,7 @@ requests = st.lists(
         st.sampled_from(["ids", "lens"]),
         st.sampled_from(sorted(SHAPES)),
         st.sampled_from([torch.int64, torch.int32]),
-        st.sampled_from(DEVICES),
+        st.sampled_from(["host", "device"]),
         st.integers(0, 1),
     ),
     min_size=1,
@@ -25,13 +24,14 @@ requests = st.lists(
 )
 
 
-def _serve(reqs: list[tuple]) -> list[torch.Tensor]:
-    impl.clear_input_buffer_pool()
+def _serve(api: Any, where: torch.device, reqs: list[tuple]) -> list[torch.Tensor]:
+    api.clear_input_buffer_pool()
     out = []
-    for name, numel, dtype, device, shape_choice in reqs:
+    for name, numel, dtype, place, shape_choice in reqs:
         shape = SHAPES[numel][shape_choice]
-        out.append(impl.share_input_buffer(name, torch.zeros(shape, dtype=dtype, device=device)))
-    impl.clear_input_buffer_pool()
+        device = "cpu" if place == "host" else where
+        out.append(api.share_input_buffer(name, torch.zeros(shape, dtype=dtype, device=device)))
+    api.clear_input_buffer_pool()
     return out
 
 
@@ -46,8 +46,12 @@ def _partition(reqs: list[tuple], got: list[torch.Tensor]) -> dict[tuple, set[in
 @pytest.mark.clause("POOL-1", "POOL-2")
 @settings(max_examples=100)
 @given(reqs=requests, order=st.randoms(use_true_random=False))
-def test_sharing_iff_keys_equal_independent_of_order(reqs: list[tuple], order) -> None:
-    got = _serve(reqs)
+def test_sharing_iff_keys_equal_independent_of_order(
+    device: Any, registry_api: Any, reqs: list[tuple], order: Any
+) -> None:
+    if device.device.type == "cpu":  # host and device are one place: merge the key part
+        reqs = [(*r[:3], "host", r[4]) for r in reqs]
+    got = _serve(registry_api, device.device, reqs)
     for req, t in zip(reqs, got, strict=True):
         assert tuple(t.shape) == SHAPES[req[1]][req[4]], "the view must take the request's shape"
     partition = _partition(reqs, got)
@@ -58,27 +62,28 @@ def test_sharing_iff_keys_equal_independent_of_order(reqs: list[tuple], order) -
     assert len(set(addresses)) == len(addresses), "different keys must never share memory"
     shuffled = list(reqs)
     order.shuffle(shuffled)
-    again = _partition(shuffled, _serve(shuffled))
+    again = _partition(shuffled, _serve(registry_api, device.device, shuffled))
     assert sorted(map(str, again)) == sorted(map(str, partition)), "sharing depended on order"
 
 
 @pytest.mark.clause("POOL-2", "POOL-3")
-def test_first_registrant_is_canonical_until_cleared() -> None:
-    impl.clear_input_buffer_pool()
+def test_first_registrant_is_canonical_until_cleared(registry_api: Any) -> None:
+    api = registry_api
+    api.clear_input_buffer_pool()
     first = torch.arange(4)
-    assert impl.share_input_buffer("x", first) is first
-    joined = impl.share_input_buffer("x", torch.zeros(2, 2, dtype=torch.int64))
+    assert api.share_input_buffer("x", first) is first
+    joined = api.share_input_buffer("x", torch.zeros(2, 2, dtype=torch.int64))
     assert joined.data_ptr() == first.data_ptr() and joined.tolist() == [[0, 1], [2, 3]]
-    bigger = impl.share_input_buffer("x", torch.zeros(8, dtype=torch.int64))
+    bigger = api.share_input_buffer("x", torch.zeros(8, dtype=torch.int64))
     assert bigger.data_ptr() != first.data_ptr()
     assert (
-        impl.share_input_buffer("x", torch.zeros(4, dtype=torch.int64)).data_ptr()
+        api.share_input_buffer("x", torch.zeros(4, dtype=torch.int64)).data_ptr()
         == first.data_ptr()
     )
-    impl.clear_input_buffer_pool()
+    api.clear_input_buffer_pool()
     fresh = torch.zeros(4, dtype=torch.int64)
-    assert impl.share_input_buffer("x", fresh) is fresh
-    impl.clear_input_buffer_pool()
+    assert api.share_input_buffer("x", fresh) is fresh
+    api.clear_input_buffer_pool()
 
 
 @pytest.mark.clause("POOL-1")
@@ -90,14 +95,18 @@ def test_first_registrant_is_canonical_until_cleared() -> None:
         ("x", torch.zeros(2, 2).t(), ValueError),
     ],
 )
-def test_share_input_buffer_rejects_bad_arguments(name, tensor, exc) -> None:
+def test_share_input_buffer_rejects_bad_arguments(registry_api: Any, name, tensor, exc) -> None:
+    api = registry_api
     with pytest.raises(exc):
-        impl.share_input_buffer(name, tensor)
+        api.share_input_buffer(name, tensor)
 
 
 @pytest.mark.clause("POOL-4")
-def test_share_pool_registries_share_and_apply_sentinel_after_pooling() -> None:
-    impl.clear_input_buffer_pool()
+def test_share_pool_registries_share_and_apply_sentinel_after_pooling(
+    device: Any, registry_api: Any
+) -> None:
+    api = registry_api
+    api.clear_input_buffer_pool()
     kw = dict(
         device="cpu",
         max_bs=2,
@@ -106,13 +115,13 @@ def test_share_pool_registries_share_and_apply_sentinel_after_pooling() -> None:
         cache_loc_dtype=torch.int64,
         share_pool=True,
     )
-    a = impl.build_decode_registry(**kw)
+    a = api.build_decode_registry(**kw)
     a.get_slot("input_ids").buffer.fill_(3)
-    b = impl.build_decode_registry(**{**kw, "seq_len_fill_value": 6})
+    b = api.build_decode_registry(**{**kw, "seq_len_fill_value": 6})
     for name in a.slot_names():
         assert a.get_slot(name).buffer.data_ptr() == b.get_slot(name).buffer.data_ptr(), name
     assert a.get_slot("input_ids").buffer.tolist() == [3, 3, 3, 3], "joining re-zeroed the buffer"
     assert a.get_slot("seq_lens").buffer.tolist() == [6, 6], "sentinel fill must follow pooling"
-    c = impl.build_decode_registry(**{**kw, "max_num_token": 8})
+    c = api.build_decode_registry(**{**kw, "max_num_token": 8})
     assert c.get_slot("input_ids").buffer.data_ptr() != a.get_slot("input_ids").buffer.data_ptr()
-    impl.clear_input_buffer_pool()
+    api.clear_input_buffer_pool()
