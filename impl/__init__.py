@@ -1,9 +1,19 @@
 """The reference implementation: input-buffer registry, breakable CUDA graphs, the CUDA device.
 
 Written once against the device protocol (:mod:`spec.protocol`), so it runs on the CPU fake and on
-CUDA. Every public name is re-exported here; the modules behind them are private.
+CUDA. Every public name is re-exported here; the modules behind them are private. Importing
+``impl`` registers the ``"cuda"`` device (``spec.get_device("cuda")``); it needs neither a GPU nor
+``cuda-python`` to import.
 """
 
+from spec import get_device
+
+from ._breakable_capture import BreakableCUDAGraphCapture
+from ._breakable_graph import BreakableCUDAGraph
+from ._breakable_state import get_replay_id, get_replay_stream, is_in_breakable_cuda_graph
+from ._cuda_device import CudaDevice
+from ._eager_on_graph import break_graph, eager_on_graph, enable_breakable_cuda_graph
+from ._graph_break import GraphBreak, copy_into
 from ._input_pool import clear_input_buffer_pool, share_input_buffer
 from ._registry import CudaGraphBufferRegistry
 from ._registry_builders import build_decode_registry, build_prefill_registry
@@ -11,12 +21,24 @@ from ._slot import Axis, FillContext, GraphSlot, PaddingPolicy
 
 __all__ = [
     "Axis",
+    "BreakableCUDAGraph",
+    "BreakableCUDAGraphCapture",
+    "CudaDevice",
     "CudaGraphBufferRegistry",
     "FillContext",
+    "GraphBreak",
     "GraphSlot",
     "PaddingPolicy",
+    "break_graph",
     "build_decode_registry",
     "build_prefill_registry",
     "clear_input_buffer_pool",
+    "copy_into",
+    "eager_on_graph",
+    "enable_breakable_cuda_graph",
+    "get_device",
+    "get_replay_id",
+    "get_replay_stream",
+    "is_in_breakable_cuda_graph",
     "share_input_buffer",
 ]

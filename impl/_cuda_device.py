@@ -94,11 +94,16 @@ def _cuda_driver() -> Any | None:
     return driver
 
 
+def _code(err: Any) -> int:
+    """A ``cuda.bindings`` error enum (or plain int) as an int; ``0`` is success."""
+    return int(getattr(err, "value", err))
+
+
 def _checked(result: Any, what: str) -> Any:
     """Unwrap a ``cuda.bindings`` ``(err, *values)`` tuple, raising on a non-success code."""
     err, *values = result
-    if int(err) != 0:
-        raise RuntimeError(f"{what} failed with CUDA error {int(err)} ({err!r})")
+    if _code(err) != 0:
+        raise RuntimeError(f"{what} failed with CUDA error {_code(err)} ({err!r})")
     return values[0] if len(values) == 1 else tuple(values)
 
 
@@ -129,7 +134,8 @@ def _translate(error: BaseException, *, at_end: bool) -> BaseException:
         return UnjoinedStream(detail=detail)
     if code in (_CUDA_CAPTURE_UNSUPPORTED, _CUDA_CAPTURED_EVENT) and not at_end:
         return SyncDuringCapture(type(error).__name__, detail=detail)
-    if code is not None or at_end:
+    # torch refuses some ops during capture with its own check (no CUDA code), naming capture.
+    if code is not None or at_end or "captur" in (detail or "").lower():
         return CaptureInvalidated(detail=detail)
     return error
 
@@ -148,17 +154,21 @@ _ACTIVE_LOCK = threading.Lock()
 def _stream_capturing(stream: torch.cuda.Stream) -> bool:
     """Whether ``stream`` takes part in a capture (active or invalidated, not yet ended)."""
     rt = _cudart()
-    if rt is None:
-        # torch only answers for the current stream; making ``stream`` current is host-side
-        # bookkeeping, legal during a capture.
-        with torch.cuda.stream(stream):
-            return bool(torch.cuda.is_current_stream_capturing())
-    err, status, *_ = rt.cudaStreamGetCaptureInfo(stream.cuda_stream)
-    if int(err) != 0:
-        # cudaErrorStreamCaptureImplicit: the legacy stream asked while another stream captures.
-        # The legacy stream itself can never capture.
-        return False
-    return status != rt.cudaStreamCaptureStatus.cudaStreamCaptureStatusNone
+    if rt is not None:
+        try:
+            err, status, *_ = rt.cudaStreamGetCaptureInfo(stream.cuda_stream)
+        except Exception:  # an incompatible cuda-python: fall back to torch below
+            pass
+        else:
+            if _code(err) != 0:
+                # cudaErrorStreamCaptureImplicit: the legacy stream asked while another stream
+                # captures. The legacy stream itself can never capture.
+                return False
+            return status != rt.cudaStreamCaptureStatus.cudaStreamCaptureStatusNone
+    # torch only answers for the current stream; making ``stream`` current is host-side
+    # bookkeeping, legal during a capture.
+    with torch.cuda.stream(stream):
+        return bool(torch.cuda.is_current_stream_capturing())
 
 
 def _capture_in_progress() -> bool:
@@ -170,15 +180,21 @@ def _capture_in_progress() -> bool:
 
 def _release_failed_capture(device_index: int, pool: PoolHandle) -> None:
     """Undo what torch's ``capture_begin`` did to the caching allocator when ``capture_end``
-    failed before it could: stop routing allocations to the pool and drop the reference the
-    capture took on it. Best effort: these are private torch hooks, looked up by name."""
+    failed before torch could: stop routing allocations to the pool, then drop the reference
+    the capture took on it. If torch got as far as ending the pool routing itself, the pool
+    reference is torch's to drop (in ``reset()``), so nothing is released here. Best effort:
+    these are private torch hooks, looked up by name."""
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    release = getattr(torch._C, "_cuda_releasePool", None)
+    if end is None or release is None or pool is None:
+        return
     pool_id = tuple(pool)
-    for name in ("_cuda_endAllocateToPool", "_cuda_releasePool"):
-        hook = getattr(torch._C, name, None)
-        if hook is None:
-            continue
-        with contextlib.suppress(Exception):
-            hook(device_index, pool_id)
+    try:
+        end(device_index, pool_id)
+    except Exception:
+        return  # torch's capture_end already ended the routing: reset() releases the pool
+    with contextlib.suppress(Exception):
+        release(device_index, pool_id)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,6 +221,7 @@ class _CudaGraph(torch.cuda.CUDAGraph):
         self._ready = False
         self._pool: PoolHandle | None = None
         self._capture_stream: torch.cuda.Stream | None = None
+        self._device_index = 0
 
     def capture_begin(
         self,
@@ -225,15 +242,16 @@ class _CudaGraph(torch.cuda.CUDAGraph):
         # An explicit token even for a private pool, so that a failed capture_end can be undone
         # in the allocator (torch's own private-pool id is not readable before capture_end).
         pool = torch.cuda.graph_pool_handle() if pool is None else pool
+        if self._ready:
+            raise CaptureError("this graph already holds a capture; reset() it first")
         try:
             super().capture_begin(pool=pool, capture_error_mode=capture_error_mode, **kwargs)
         except RuntimeError as error:
-            if _stream_capturing(stream):
-                raise
-            _release_failed_capture(torch.cuda.current_device(), pool)
+            # Nothing to undo that is safe to undo: releasing a pool torch may not have taken
+            # a reference on could free blocks of live graphs sharing it.
             raise _translate(error, at_end=True) from error
-        self._ready = False
         self._pool = pool
+        self._device_index = torch.cuda.current_device()
         self._capture_stream = stream
         with _ACTIVE_LOCK:
             _ACTIVE.add(self)
@@ -259,7 +277,7 @@ class _CudaGraph(torch.cuda.CUDAGraph):
     def _abandon_capture(self) -> None:
         # cudaStreamEndCapture ends the capture sequence even when it reports an error, but
         # torch then skips endAllocateToPool: do it here, and forget the half-registered graph.
-        _release_failed_capture(torch.cuda.current_device(), self._pool)
+        _release_failed_capture(self._device_index, self._pool)
         with contextlib.suppress(Exception):
             super().reset()
         self._ready = False
@@ -440,9 +458,15 @@ class CudaDevice:
         stream: torch.cuda.Stream | None = None,
         capture_error_mode: CaptureErrorMode = "global",
     ) -> contextlib.AbstractContextManager[_CudaGraph]:
-        """Capture the body into ``cuda_graph`` on ``stream`` (a shared side stream if
-        ``None``), from ``pool`` (the graph's private pool if ``None``); see
-        :class:`_CaptureContext` for the error handling."""
+        """Capture the body into ``cuda_graph`` on ``stream`` (a side stream shared by all
+        ``CudaDevice`` captures if ``None``, never the default stream), from ``pool`` (a fresh
+        private pool if ``None``), like ``torch.cuda.graph``.
+
+        On entry, a capture already in progress raises :class:`NestedCapture` and the default
+        stream :class:`DefaultStreamCapture`, both before the device is synchronized. If the
+        body raises, the capture is ended, the partial graph reset (``replay()`` then raises
+        :class:`GraphNotReady`), and the body's error re-raised, as a spec error when it is a
+        CUDA capture failure (``CAP-1``, ``CAP-2``)."""
         return _CaptureContext(self, cuda_graph, pool, stream, capture_error_mode)
 
     def graph_pool_handle(self) -> PoolHandle:
@@ -541,10 +565,10 @@ def _kernel_name(node: Any) -> str | None:
         return None
     try:
         err, params = drv.cuGraphKernelNodeGetParams(drv.CUgraphNode(init_value=int(node)))
-        if int(err) != 0 or not int(params.func):
+        if _code(err) != 0 or not int(params.func):
             return None
         err, name = drv.cuFuncGetName(drv.CUfunction(init_value=int(params.func)))
-        if int(err) != 0:
+        if _code(err) != 0:
             return None
     except Exception:
         return None

@@ -1,0 +1,369 @@
+"""Scenario functions run through :func:`conformance._isolation.run_scenario`.
+
+Each is ``scenario(device, *json_args) -> JSON-able``, importable by name so that an isolated
+child process can run it. They return what the tests assert on (error descriptions, flags) and
+raise :class:`ScenarioMismatch` when a replay disagrees with the eager computation.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import impl
+from spec import DeviceModule
+
+from ._isolation import describe_error
+from .mutants import capture_class
+
+__all__ = [
+    "CAPTURE_FAILURES",
+    "ScenarioMismatch",
+    "break_inputs_across_sizes",
+    "breakable_failure",
+    "capture_failure",
+    "fork_across_break",
+    "result_needed_after_later_break",
+]
+
+
+class ScenarioMismatch(AssertionError):
+    """A replay produced values different from the eager computation."""
+
+
+class _UserError(Exception):
+    """An ordinary error raised by model code inside a capture."""
+
+
+def expect_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Raise :class:`ScenarioMismatch` (expected vs actual) unless the tensors are equal."""
+    if actual.shape != expected.shape or not torch.equal(actual, expected):
+        raise ScenarioMismatch(
+            f"{what}: expected {expected.tolist()}, got {actual.tolist()}"
+        )
+
+
+def _full(device: DeviceModule, n: int, value: float) -> torch.Tensor:
+    return torch.full((n,), value, device=device.device)
+
+
+# ---------------------------------------------------------------------------------------------
+# Capture errors (CAP-1 .. CAP-7, CUDA-2)
+# ---------------------------------------------------------------------------------------------
+
+
+def _item(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
+    with device.graph(g):
+        (x * 2).sum().item()
+
+
+def _synchronize(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
+    with device.graph(g):
+        x.add_(1)
+        device.synchronize()
+
+
+def _nonzero(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
+    with device.graph(g):
+        torch.nonzero(x)
+
+
+def _stream_query(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
+    with device.graph(g):
+        x.add_(1)
+        device.current_stream().query()
+
+
+def _default_stream_begin(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
+    with device.stream(device.default_stream()):
+        g.capture_begin()
+        g.capture_end()  # reached only if the backend wrongly accepted the capture
+
+
+def _default_stream_graph(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
+    with device.graph(g, stream=device.default_stream()):
+        x.add_(1)
+
+
+def _nested(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
+    inner = device.CUDAGraph()
+    with device.graph(g):
+        x.add_(1)
+        with device.graph(inner):
+            x.mul_(2)
+
+
+def _nested_begin(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
+    inner = device.CUDAGraph()
+    with device.graph(g):
+        x.add_(1)
+        inner.capture_begin()
+
+
+def _unjoined(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
+    side = device.Stream()
+    with device.graph(g):
+        side.wait_stream(device.current_stream())
+        with device.stream(side):
+            x.mul_(3)
+
+
+def _user_error(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
+    with device.graph(g):
+        x.add_(1)
+        raise _UserError("model code failed inside the capture")
+
+
+def _rng(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
+    with device.graph(g):
+        x.add_(torch.rand(x.shape, device=x.device))
+
+
+CAPTURE_FAILURES: dict[str, Callable[[DeviceModule, Any, torch.Tensor], None]] = {
+    "item": _item,
+    "synchronize": _synchronize,
+    "nonzero": _nonzero,
+    "stream_query": _stream_query,
+    "default_stream_begin": _default_stream_begin,
+    "default_stream_graph": _default_stream_graph,
+    "nested": _nested,
+    "nested_begin": _nested_begin,
+    "unjoined": _unjoined,
+    "user_error": _user_error,
+    "rng": _rng,
+}
+"""Name -> code that makes a capture fail (or, for ``user_error``, raises inside one)."""
+
+
+def capture_failure(device: DeviceModule, case: str) -> dict[str, Any]:
+    """Run ``CAPTURE_FAILURES[case]``; report its error, what replaying the graph then raises,
+    and whether the in-place target was left untouched (nothing executed)."""
+    x = torch.ones(4, device=device.device)
+    g = device.CUDAGraph()
+    error: BaseException | None = None
+    try:
+        CAPTURE_FAILURES[case](device, g, x)
+    except Exception as exc:
+        error = exc
+    replay_error: BaseException | None = None
+    try:
+        g.replay()
+    except Exception as exc:
+        replay_error = exc
+    return {
+        "error": describe_error(error),
+        "replay_error": describe_error(replay_error),
+        "capturing_after": device.is_current_stream_capturing(),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Breakable capture failures (BCG-10)
+# ---------------------------------------------------------------------------------------------
+
+
+def breakable_failure(device: DeviceModule, case: str) -> dict[str, Any]:
+    """A breakable capture that fails ``case``-wise (``user_error_in_segment``,
+    ``user_error_in_break``, ``sync_in_segment``); report the error and the state afterwards,
+    then check that the graph captures and replays correctly after ``reset()``."""
+    hook_before = device.Stream.__dict__.get("wait_stream")
+    x = torch.arange(4, dtype=torch.float32, device=device.device)
+    fail = {"case": case}
+
+    @impl.eager_on_graph()
+    def double(h: torch.Tensor) -> torch.Tensor:
+        if fail["case"] == "user_error_in_break":
+            raise _UserError("break body failed")
+        return h * 2
+
+    def model() -> torch.Tensor:
+        y = double(x + 1)
+        if fail["case"] == "user_error_in_segment":
+            raise _UserError("model code failed inside a segment")
+        if fail["case"] == "sync_in_segment":
+            device.synchronize()
+        return y * 3
+
+    graph = impl.BreakableCUDAGraph(device)
+    error: BaseException | None = None
+    try:
+        with impl.BreakableCUDAGraphCapture(graph):
+            model()
+    except Exception as exc:
+        error = exc
+    replay_error: BaseException | None = None
+    try:
+        graph.replay()
+    except Exception as exc:
+        replay_error = exc
+    state = {
+        "error": describe_error(error),
+        "replay_error": describe_error(replay_error),
+        "hook_restored": device.Stream.__dict__.get("wait_stream") is hook_before,
+        "switch_off": not impl.is_in_breakable_cuda_graph(),
+        "capturing_after": device.is_current_stream_capturing(),
+    }
+    # A decorated call after the failure is a plain call again (no capture left active).
+    probe = torch.ones(2, device=device.device)
+    fail["case"] = "none"
+    state["plain_call_after"] = bool(torch.equal(double(probe), probe * 2))
+    graph.reset()
+    with impl.BreakableCUDAGraphCapture(graph):
+        out = model()
+    host = torch.tensor([5.0, 6.0, 7.0, 8.0])
+    x.copy_(host)
+    graph.replay()
+    expect_equal(out.cpu(), (host + 1) * 2 * 3, "replay after reset and a new capture")
+    state["recaptured"] = True
+    return state
+
+
+# ---------------------------------------------------------------------------------------------
+# Regressions with mutants (BCG-7, BCG-9)
+# ---------------------------------------------------------------------------------------------
+
+_CHURN = 256  # tensors allocated to take over every freed small block of the stream
+
+
+def _churn(device: DeviceModule, n: int) -> list[torch.Tensor]:
+    # Same size class as the break tensors, sentinel values: whatever block a mutant let go of
+    # is now owned by one of these and holds -7.
+    return [_full(device, n, -7.0) for _ in range(_CHURN)]
+
+
+def break_inputs_across_sizes(device: DeviceModule, variant: str) -> dict[str, Any]:
+    """Capture size A, replay A, capture size B into the same pool, replay A again: equal to
+    eager (``BCG-7``). The break input ``meta`` is created eagerly per size and dropped by the
+    caller right after capture; all work (capture, break bodies, replay) is on one stream, so a
+    freed block is handed to the next allocation on that stream.
+    """
+    capture = capture_class(variant)
+    stream = device.Stream()
+    pool = device.graph_pool_handle()
+
+    @impl.eager_on_graph()
+    def scale(h: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
+        return h * meta
+
+    def capture_size(n: int) -> tuple[impl.BreakableCUDAGraph, torch.Tensor, torch.Tensor]:
+        with device.stream(stream):
+            x = torch.zeros(n, device=device.device)
+            meta = _full(device, n, float(n))  # per-size metadata, created eagerly
+            graph = impl.BreakableCUDAGraph(device)
+            with capture(graph, pool=pool, stream=stream):
+                out = scale(x + 1, meta) * 2
+        return graph, x, out  # meta is dropped here: only the graph may keep it
+
+    def check(
+        graph: impl.BreakableCUDAGraph, x: torch.Tensor, out: torch.Tensor, what: str
+    ) -> None:
+        # Inputs and expectations are computed on the host: no allocation on the stream may
+        # disturb which freed block the allocator hands out next.
+        n = x.numel()
+        host = torch.arange(n, dtype=torch.float32) + n
+        with device.stream(stream):
+            x.copy_(host)
+            graph.replay()
+            result = out.cpu()  # on the replay stream: ordered after the replay
+        expect_equal(result, (host + 1) * float(n) * 2, what)
+
+    big, small = 16, 8  # largest first (BCG-12)
+    graph_a, x_a, out_a = capture_size(big)
+    gc.collect()
+    check(graph_a, x_a, out_a, "size A before size B was captured")
+    graph_b, x_b, out_b = capture_size(small)
+    gc.collect()
+    with device.stream(stream):
+        churn = _churn(device, big)
+    check(graph_b, x_b, out_b, "size B")
+    check(graph_a, x_a, out_a, "size A after size B was captured into the same pool")
+    with device.stream(stream):
+        _check_churn(churn, "the churn tensors")
+    return {"segments": graph_a.num_segments, "breaks": graph_a.num_breaks}
+
+
+def result_needed_after_later_break(device: DeviceModule, variant: str) -> dict[str, Any]:
+    """An eager result still needed after a later break produced a fresh result (``BCG-7``):
+    ``y1`` from break 0 is read again by the last segment, after break 1 ran."""
+    capture = capture_class(variant)
+    stream = device.Stream()
+    n = 16
+
+    @impl.eager_on_graph()
+    def times3(h: torch.Tensor) -> torch.Tensor:
+        return h * 3
+
+    @impl.eager_on_graph()
+    def times5(h: torch.Tensor) -> torch.Tensor:
+        return h * 5
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        y1 = times3(x + 1)
+        y2 = times5(y1 + 1)
+        return y2 + y1  # y1 is needed after break 1
+
+    with device.stream(stream):
+        x = torch.zeros(n, device=device.device)
+        graph = impl.BreakableCUDAGraph(device)
+        with capture(graph, stream=stream):
+            out = model(x)
+    gc.collect()
+    with device.stream(stream):
+        churn = _churn(device, n)
+    for start in (1.0, 10.0):
+        host = torch.arange(n, dtype=torch.float32) + start
+        with device.stream(stream):
+            x.copy_(host)
+            graph.replay()
+            result = out.cpu()  # on the replay stream: ordered after the replay
+        y1 = (host + 1) * 3
+        expect_equal(result, (y1 + 1) * 5 + y1, f"replay with inputs starting at {start}")
+    with device.stream(stream):
+        _check_churn(churn, "the churn tensors")
+    return {"segments": graph.num_segments, "breaks": graph.num_breaks}
+
+
+def fork_across_break(device: DeviceModule, variant: str) -> dict[str, Any]:
+    """A side stream forked in segment 0 and joined by the model only after a break
+    (``BCG-9``): the capture joins it before segment 0 ends; the model's own join, now of a
+    stream that no longer captures, is a no-op."""
+    capture = capture_class(variant)
+    side = device.Stream()
+
+    @impl.eager_on_graph()
+    def double(h: torch.Tensor) -> torch.Tensor:
+        return h * 2
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        current = device.current_stream()
+        side.wait_stream(current)  # fork
+        with device.stream(side):
+            a = x * 3  # recorded into segment 0 on the side stream
+        y = double(x + 1)  # break: the side stream must be joined before segment 0 ends
+        current.wait_stream(side)  # the model's own join, after the break
+        return y + a
+
+    x = torch.zeros(8, device=device.device)
+    graph = impl.BreakableCUDAGraph(device)
+    with capture(graph):
+        out = model(x)
+    for start in (1.0, 4.0):
+        host = torch.arange(8, dtype=torch.float32) + start
+        x.copy_(host)
+        graph.replay()
+        expected = (host + 1) * 2 + host * 3
+        expect_equal(out.cpu(), expected, f"replay with inputs starting at {start}")
+    return {"segments": graph.num_segments, "breaks": graph.num_breaks}
+
+
+def _check_churn(churn: list[torch.Tensor], what: str) -> None:
+    for index, tensor in enumerate(churn):
+        if not bool((tensor == -7.0).all()):
+            raise ScenarioMismatch(
+                f"{what}: tensor {index} expected all -7.0 (owned by the caller, never handed to "
+                f"the graph), got {tensor.tolist()}"
+            )
+

@@ -1,0 +1,473 @@
+"""Breakable graphs: segments and breaks, replay order, result copies, references, streams,
+nesting, the switch, pools."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import weakref
+
+import pytest
+import torch
+
+from impl import (
+    BreakableCUDAGraph,
+    BreakableCUDAGraphCapture,
+    break_graph,
+    eager_on_graph,
+    enable_breakable_cuda_graph,
+    get_replay_id,
+    get_replay_stream,
+    is_in_breakable_cuda_graph,
+)
+
+
+def _host(t: torch.Tensor) -> list:
+    return t.cpu().tolist()
+
+
+def _arange(n: int, start: float = 0.0) -> torch.Tensor:
+    return torch.arange(n, dtype=torch.float32) + start
+
+
+@eager_on_graph()
+def _times10(h: torch.Tensor) -> torch.Tensor:
+    return h * 10
+
+
+# ---------------------------------------------------------------------------------------------
+# BCG-1, BCG-2: structure and replay order
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.clause("BCG-1", "BCG-2")
+@pytest.mark.parametrize("num_breaks", [0, 1, 3])
+def test_segment_and_break_counts(device, num_breaks: int) -> None:
+    x = torch.zeros(4, device=device.device)
+    graph = BreakableCUDAGraph(device)
+    with BreakableCUDAGraphCapture(graph):
+        h = x + 1
+        for _ in range(num_breaks):
+            h = _times10(h) + 1
+        out = h * 2
+    assert (graph.num_segments, graph.num_breaks) == (num_breaks + 1, num_breaks), (
+        f"expected {num_breaks + 1} segments / {num_breaks} breaks, "
+        f"got {graph.num_segments} / {graph.num_breaks}"
+    )
+    assert len(graph.segments) == len(graph.breaks) + 1
+    host = _arange(4, 2.0)
+    x.copy_(host)
+    graph.replay()
+    expected = host + 1
+    for _ in range(num_breaks):
+        expected = expected * 10 + 1
+    assert _host(out) == _host(expected * 2), f"got {_host(out)}, expected {_host(expected * 2)}"
+
+
+@pytest.mark.clause("BCG-1")
+def test_empty_segments_between_consecutive_breaks(device) -> None:
+    x = torch.zeros(4, device=device.device)
+    graph = BreakableCUDAGraph(device)
+    with BreakableCUDAGraphCapture(graph):
+        y = _times10(x)  # segment 0 is empty
+        z = _times10(y)  # segment 1 is empty
+        out = z + 1
+    assert (graph.num_segments, graph.num_breaks) == (3, 2)
+    host = _arange(4, 1.0)
+    x.copy_(host)
+    graph.replay()
+    assert _host(out) == _host(host * 100 + 1), f"got {_host(out)}"
+
+
+@pytest.mark.clause("BCG-2")
+def test_replay_order_is_segment_break_segment(device) -> None:
+    state = torch.zeros(3, dtype=torch.int64, device=device.device)
+    seen: list[list[int]] = []
+
+    @eager_on_graph()
+    def observe(s: torch.Tensor, log: list) -> None:
+        log.append(s.clone())  # what the segments before this break wrote
+
+    def program() -> None:
+        state.add_(1)
+        observe(state, seen)
+        state.mul_(3)
+        observe(state, seen)
+        state.sub_(2)
+
+    graph = BreakableCUDAGraph(device)
+    with BreakableCUDAGraphCapture(graph):
+        program()
+    seen.clear()
+    state.fill_(5)
+    for _ in range(2):
+        graph.replay()
+    replayed = [_host(t) for t in seen] + [_host(state)]
+
+    seen.clear()
+    state.fill_(5)
+    for _ in range(2):
+        program()  # eagerly: the decorated call is a plain call here
+    eager = [_host(t) for t in seen] + [_host(state)]
+    assert replayed == eager, f"replay observed {replayed}, eager {eager}"
+
+
+@pytest.mark.clause("BCG-2", "BCG-3")
+def test_replay_runs_on_the_current_stream(device) -> None:
+    seen: list[tuple[object, int | None]] = []
+
+    @eager_on_graph()
+    def where(h: torch.Tensor) -> torch.Tensor:
+        seen.append((get_replay_stream(), get_replay_id()))
+        return h + 1
+
+    x = torch.zeros(4, device=device.device)
+    graph = BreakableCUDAGraph(device)
+    with BreakableCUDAGraphCapture(graph):
+        out = where(x * 2) * 3
+    assert seen[0][1] == 0, f"the capture-time call should see replay id 0, saw {seen[0][1]}"
+    seen.clear()
+    replay_stream = device.Stream()
+    host = _arange(4)
+    x.copy_(host)
+    replay_stream.wait_stream(device.current_stream())
+    with device.stream(replay_stream):
+        graph.replay()
+        graph.replay()
+    device.current_stream().wait_stream(replay_stream)
+    assert [s == replay_stream for s, _ in seen] == [True, True], (
+        f"break code saw streams {[s for s, _ in seen]}, expected the replay stream"
+    )
+    ids = [i for _, i in seen]
+    assert ids[0] is not None and ids[1] is not None and ids[0] != ids[1] and min(ids) > 0, (
+        f"replay ids {ids}: expected two different positive counters"
+    )
+    assert (get_replay_stream(), get_replay_id()) == (None, None)
+    assert _host(out) == _host((host * 2 + 1) * 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# BCG-4, BCG-5, BCG-13: the decorator
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.clause("BCG-4")
+def test_outside_capture_a_decorated_call_is_plain(device) -> None:
+    calls = []
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        calls.append(t)
+        return t + 1
+
+    decorated = eager_on_graph()(fn)
+    t = torch.ones(2, device=device.device)
+    assert _host(decorated(t)) == [2.0, 2.0]
+    assert calls == [t], "the decorated function was not called exactly once, with t"
+    assert eager_on_graph(enable=False)(fn) is fn
+
+
+@pytest.mark.clause("BCG-4")
+def test_disabled_decorator_records_no_break(device) -> None:
+    plain = eager_on_graph(enable=False)(lambda h: h * 10)
+    x = torch.zeros(4, device=device.device)
+    graph = BreakableCUDAGraph(device)
+    with BreakableCUDAGraphCapture(graph):
+        out = plain(x + 1) + 1
+    assert (graph.num_segments, graph.num_breaks) == (1, 0)
+    host = _arange(4)
+    x.copy_(host)
+    graph.replay()
+    assert _host(out) == _host((host + 1) * 10 + 1)
+
+
+@pytest.mark.clause("BCG-5")
+def test_barrier_and_capture_stub(device) -> None:
+    events: list[str] = []
+
+    def stub(h: torch.Tensor) -> torch.Tensor:
+        events.append("stub")
+        return torch.empty_like(h)
+
+    @eager_on_graph(capture_stub=stub)
+    def collective(h: torch.Tensor) -> torch.Tensor:
+        events.append("fn")
+        return h * 4
+
+    x = torch.zeros(4, device=device.device)
+    graph = BreakableCUDAGraph(device)
+    with BreakableCUDAGraphCapture(graph, barrier_fn=lambda: events.append("barrier")):
+        y = collective(x + 1)
+        out = y - 1
+    assert events == ["barrier", "stub"], f"capture ran {events}, expected barrier then stub"
+    assert graph.breaks[0].result is y, "the call returned something else than the eager result"
+    events.clear()
+    host = _arange(4)
+    x.copy_(host)
+    graph.replay()
+    assert events == ["fn"], f"replay ran {events}, expected only the function"
+    assert _host(out) == _host((host + 1) * 4 - 1)
+
+
+@pytest.mark.clause("BCG-13")
+def test_break_graph_splits_with_an_empty_break(device) -> None:
+    break_graph()  # outside a capture: nothing happens
+    x = torch.zeros(4, device=device.device)
+    graph = BreakableCUDAGraph(device)
+    with BreakableCUDAGraphCapture(graph):
+        h = x + 1
+        break_graph()
+        out = h * 2
+    assert (graph.num_segments, graph.num_breaks) == (2, 1)
+    host = _arange(4, 3.0)
+    x.copy_(host)
+    graph.replay()
+    assert _host(out) == _host((host + 1) * 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# BCG-6: the in-place result copy, per result kind
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Pair:
+    first: torch.Tensor
+    second: torch.Tensor
+    scale: int = 1
+
+
+class _Attrs:
+    def __init__(self, first: torch.Tensor, second: torch.Tensor) -> None:
+        self.first = first
+        self.second = second
+
+
+def _pack(kind: str, a: torch.Tensor, b: torch.Tensor) -> object:
+    return {
+        "tensor": a + b,
+        "tuple": (a, b),
+        "list": [a, b],
+        "dict": {"first": a, "second": b},
+        "dataclass": _Pair(a, b),
+        "object": _Attrs(a, b),
+    }[kind]
+
+
+def _unpack(kind: str, r: object) -> torch.Tensor:
+    if kind == "tensor":
+        return r  # type: ignore[return-value]
+    if kind in ("tuple", "list"):
+        return r[0] * 10 + r[1]  # type: ignore[index]
+    if kind == "dict":
+        return r["first"] * 10 + r["second"]  # type: ignore[index]
+    return r.first * 10 + r.second  # type: ignore[attr-defined]
+
+
+@pytest.mark.clause("BCG-6")
+@pytest.mark.parametrize("kind", ["tensor", "tuple", "list", "dict", "dataclass", "object"])
+def test_result_is_copied_in_place(device, kind: str) -> None:
+    @eager_on_graph()
+    def split(h: torch.Tensor) -> object:
+        return _pack(kind, h * 2, h + 3)
+
+    x = torch.zeros(4, device=device.device)
+    graph = BreakableCUDAGraph(device)
+    with BreakableCUDAGraphCapture(graph):
+        out = _unpack(kind, split(x + 1)) + 1
+    for start in (1.0, 6.0):
+        host = _arange(4, start)
+        x.copy_(host)
+        graph.replay()
+        expected = _unpack(kind, _pack(kind, (host + 1) * 2, host + 1 + 3)) + 1
+        assert _host(out) == _host(expected), f"{kind}: got {_host(out)}, expected {expected}"
+
+
+@pytest.mark.clause("BCG-6")
+def test_result_that_is_the_destination_and_none_results(device) -> None:
+    @eager_on_graph()
+    def in_place(h: torch.Tensor) -> torch.Tensor:
+        return h.mul_(5)  # the result *is* the argument: nothing to copy
+
+    @eager_on_graph()
+    def into(dest: torch.Tensor, src: torch.Tensor) -> None:
+        dest.copy_(src + 100)  # writes into an argument, returns None
+
+    x = torch.zeros(4, device=device.device)
+    buf = torch.zeros(4, device=device.device)
+    graph = BreakableCUDAGraph(device)
+    with BreakableCUDAGraphCapture(graph):
+        h = x + 1
+        h = in_place(h)
+        into(buf, h)
+        out = buf * 2
+    assert graph.num_breaks == 2
+    host = _arange(4, 2.0)
+    x.copy_(host)
+    graph.replay()
+    assert _host(out) == _host(((host + 1) * 5 + 100) * 2), f"got {_host(out)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# BCG-7, BCG-8: references and nesting
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.clause("BCG-7")
+def test_break_inputs_and_results_are_held_strongly(device) -> None:
+    x = torch.zeros(4, device=device.device)
+    meta = torch.full((4,), 3.0, device=device.device)
+
+    @eager_on_graph()
+    def scale(h: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return h * m
+
+    graph = BreakableCUDAGraph(device)
+    with BreakableCUDAGraphCapture(graph):
+        y = scale(x + 1, meta)
+        out = y + 1
+    refs = {"input": weakref.ref(meta), "result": weakref.ref(y)}
+    del meta, y
+    gc.collect()
+    dead = [name for name, ref in refs.items() if ref() is None]
+    assert not dead, f"the graph let go of its break {dead}"
+    host = _arange(4, 1.0)
+    x.copy_(host)
+    graph.replay()
+    assert _host(out) == _host((host + 1) * 3 + 1)
+    graph.reset()
+    gc.collect()
+    alive = [name for name, ref in refs.items() if ref() is not None]
+    assert not alive, f"reset() kept {alive} alive"
+
+
+@pytest.mark.clause("BCG-8")
+def test_decorated_call_inside_a_break_body_runs_inline(device) -> None:
+    calls: list[str] = []
+
+    @eager_on_graph()
+    def inner(h: torch.Tensor) -> torch.Tensor:
+        calls.append("inner")
+        return h + 1
+
+    @eager_on_graph()
+    def outer(h: torch.Tensor) -> torch.Tensor:
+        calls.append("outer")
+        return inner(h) * 2
+
+    x = torch.zeros(4, device=device.device)
+    graph = BreakableCUDAGraph(device)
+    with BreakableCUDAGraphCapture(graph):
+        out = outer(x + 1) + 1
+    assert graph.num_breaks == 1, f"expected one break, recorded {graph.num_breaks}"
+    calls.clear()
+    host = _arange(4)
+    x.copy_(host)
+    graph.replay()
+    assert calls == ["outer", "inner"], f"replay called {calls}"
+    assert _host(out) == _host(((host + 1) + 1) * 2 + 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# BCG-9: side streams
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.clause("BCG-9")
+def test_fork_across_a_break_is_joined_and_hook_removed(device) -> None:
+    side = device.Stream()
+    cls = device.Stream
+    before = cls.__dict__.get("wait_stream")
+    during = {}
+
+    @eager_on_graph()
+    def double(h: torch.Tensor) -> torch.Tensor:
+        return h * 2
+
+    x = torch.zeros(8, device=device.device)
+    graph = BreakableCUDAGraph(device)
+    with BreakableCUDAGraphCapture(graph):
+        during["hook"] = cls.__dict__.get("wait_stream")
+        current = device.current_stream()
+        side.wait_stream(current)
+        with device.stream(side):
+            a = x * 3
+        y = double(x + 1)
+        during["side capturing after break"] = device.is_stream_capturing(side)
+        current.wait_stream(side)  # a join of a stream that no longer captures: no-op
+        out = y + a
+    assert during["hook"] is not before, "no wait_stream hook was installed during capture"
+    assert cls.__dict__.get("wait_stream") is before, "the wait_stream hook was not removed"
+    assert during["side capturing after break"] is False
+    host = _arange(8, 1.0)
+    x.copy_(host)
+    graph.replay()
+    assert _host(out) == _host((host + 1) * 2 + host * 3), f"got {_host(out)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# BCG-11: the switch
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.clause("BCG-11")
+def test_switch_is_reentrant_and_exception_safe(device) -> None:
+    switch = enable_breakable_cuda_graph()
+    assert not is_in_breakable_cuda_graph()
+    with switch:
+        with switch:
+            assert is_in_breakable_cuda_graph()
+        assert is_in_breakable_cuda_graph(), "leaving the inner block switched it off"
+    assert not is_in_breakable_cuda_graph()
+    with pytest.raises(KeyError), enable_breakable_cuda_graph():
+        raise KeyError("model failure")
+    assert not is_in_breakable_cuda_graph(), "an exception left the switch on"
+    graph = BreakableCUDAGraph(device)
+    x = torch.zeros(2, device=device.device)
+    with BreakableCUDAGraphCapture(graph):
+        inside = is_in_breakable_cuda_graph()
+        x.add_(1)
+    assert inside and not is_in_breakable_cuda_graph()
+
+
+# ---------------------------------------------------------------------------------------------
+# BCG-12: one pool for every segment and every size
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.clause("BCG-12")
+def test_sizes_share_one_pool_largest_first(device) -> None:
+    pool = device.graph_pool_handle()
+    stream = device.Stream()
+    graphs = {}
+    for n in (32, 16, 8):  # largest first
+        x = torch.zeros(n, device=device.device)
+        graph = BreakableCUDAGraph(device)
+        with BreakableCUDAGraphCapture(graph, pool=pool, stream=stream):
+            out = _times10(x * 2 + 1) - 1
+        assert graph.pool() is pool, "a segment pool other than the one given"
+        graphs[n] = (graph, x, out)
+    for _ in range(2):
+        for n, (graph, x, out) in graphs.items():
+            host = _arange(n, float(n))
+            x.copy_(host)
+            graph.replay()
+            assert _host(out) == _host((host * 2 + 1) * 10 - 1), f"size {n}: {_host(out)}"
+
+
+@pytest.mark.clause("BCG-12")
+def test_default_pool_is_one_token_for_all_segments(device) -> None:
+    x = torch.zeros(4, device=device.device)
+    graph = BreakableCUDAGraph(device)
+    with BreakableCUDAGraphCapture(graph):
+        out = _times10(x + 1) + 1
+    token = graph.pool()
+    other = BreakableCUDAGraph(device)
+    with BreakableCUDAGraphCapture(other, pool=token):
+        out2 = _times10(x * 3) + 2
+    host = _arange(4)
+    x.copy_(host)
+    graph.replay()
+    other.replay()
+    assert _host(out) == _host((host + 1) * 10 + 1)
+    assert _host(out2) == _host(host * 30 + 2)
+

@@ -1,0 +1,119 @@
+"""Every capture error class, and the device being usable after each (run in a subprocess on
+backends whose failures may poison the process, as PyTorch's own tests do)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance import ErrorInfo, run_scenario
+from conformance._scenarios import breakable_failure, capture_failure
+from spec import (
+    CaptureError,
+    DefaultStreamCapture,
+    GraphNotReady,
+    NestedCapture,
+    SyncDuringCapture,
+    UnjoinedStream,
+    UnsupportedInCapture,
+)
+
+# Raised before the backend is asked anything, so every backend can name them exactly.
+_CHECKED_UP_FRONT = {"synchronize", "default_stream_begin", "default_stream_graph", "nested",
+                     "nested_begin"}
+
+CASES = [
+    pytest.param("item", SyncDuringCapture, marks=pytest.mark.clause("CAP-2", "CAP-1")),
+    pytest.param("synchronize", SyncDuringCapture, marks=pytest.mark.clause("CAP-2", "CAP-1")),
+    pytest.param("nonzero", SyncDuringCapture, marks=pytest.mark.clause("CAP-2", "CAP-1")),
+    pytest.param("stream_query", SyncDuringCapture, marks=pytest.mark.clause("CAP-2", "CAP-1")),
+    pytest.param(
+        "default_stream_begin", DefaultStreamCapture, marks=pytest.mark.clause("CAP-3", "CAP-1")
+    ),
+    pytest.param(
+        "default_stream_graph", DefaultStreamCapture, marks=pytest.mark.clause("CAP-3", "CAP-1")
+    ),
+    pytest.param("nested", NestedCapture, marks=pytest.mark.clause("CAP-4", "CAP-1")),
+    pytest.param("nested_begin", NestedCapture, marks=pytest.mark.clause("CAP-4", "CAP-1")),
+    pytest.param("unjoined", UnjoinedStream, marks=pytest.mark.clause("CAP-5", "CAP-1")),
+    pytest.param(
+        "rng",
+        UnsupportedInCapture,
+        marks=[pytest.mark.clause("CAP-7", "CAP-1"), pytest.mark.capability("unsupported_ops")],
+    ),
+]
+
+
+def _error(outcome_value: dict, key: str) -> ErrorInfo | None:
+    return ErrorInfo.from_json(outcome_value[key])
+
+
+@pytest.mark.parametrize(("case", "expected"), CASES)
+def test_capture_error(backend, case: str, expected: type[CaptureError]) -> None:
+    outcome = run_scenario(backend, capture_failure, case)
+    assert outcome.error is None, f"scenario failed outside the capture: {outcome.describe()}"
+    error = _error(outcome.value, "error")
+    exact = backend.has("exact_capture_errors") or case in _CHECKED_UP_FRONT
+    wanted = expected if exact else CaptureError
+    assert error is not None, f"{case}: expected {wanted.__name__}, nothing was raised"
+    assert error.is_a(wanted), f"{case}: expected {wanted.__name__}, got {error}"
+    print(f"{case}: raised {error}")  # what a non-exact backend actually says, for the log
+    replay = _error(outcome.value, "replay_error")
+    assert replay is not None and replay.is_a(GraphNotReady), (
+        f"{case}: replaying the failed graph should raise GraphNotReady, got {replay}"
+    )
+    assert not outcome.value["capturing_after"], f"{case}: a capture was left open"
+    assert outcome.usable_after, f"{case}: device unusable afterwards: {outcome.usable_detail}"
+
+
+@pytest.mark.clause("CAP-1")
+def test_user_exception_inside_capture_propagates_unchanged(backend) -> None:
+    outcome = run_scenario(backend, capture_failure, "user_error")
+    assert outcome.error is None, outcome.describe()
+    error = _error(outcome.value, "error")
+    assert error is not None and error.type_name.endswith("._UserError"), (
+        f"expected the model's own exception to propagate, got {error}"
+    )
+    replay = _error(outcome.value, "replay_error")
+    assert replay is not None and replay.is_a(GraphNotReady), f"replay raised {replay}"
+    assert outcome.usable_after, outcome.usable_detail
+
+
+@pytest.mark.clause("CUDA-2")
+@pytest.mark.capability("backend_errors")
+def test_backend_failure_keeps_the_original_as_cause(backend) -> None:
+    outcome = run_scenario(backend, capture_failure, "item")
+    assert outcome.error is None, outcome.describe()
+    error = _error(outcome.value, "error")
+    assert error is not None and error.is_a(CaptureError), f"expected a CaptureError, got {error}"
+    assert error.cause is not None, f"{error} carries no __cause__"
+
+
+@pytest.mark.clause("BCG-10", "CAP-1")
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("user_error_in_segment", None),
+        ("user_error_in_break", None),
+        ("sync_in_segment", SyncDuringCapture),
+    ],
+)
+def test_breakable_capture_failure_leaves_device_usable(
+    backend, case: str, expected: type[CaptureError] | None
+) -> None:
+    outcome = run_scenario(backend, breakable_failure, case)
+    assert outcome.error is None, f"after the failure: {outcome.describe()}\n{outcome.log}"
+    state = outcome.value
+    error = ErrorInfo.from_json(state["error"])
+    if expected is None:
+        assert error is not None and error.type_name.endswith("._UserError"), (
+            f"{case}: expected the model's exception, got {error}"
+        )
+    else:
+        assert error is not None and error.is_a(expected), f"{case}: got {error}"
+    replay = ErrorInfo.from_json(state["replay_error"])
+    assert replay is not None and replay.is_a(GraphNotReady), f"{case}: replay raised {replay}"
+    flags = {k: state[k] for k in ("hook_restored", "switch_off", "plain_call_after",
+                                   "recaptured")}
+    assert all(flags.values()), f"{case}: state after the failure {flags}"
+    assert not state["capturing_after"], f"{case}: a capture was left open"
+    assert outcome.usable_after, f"{case}: {outcome.usable_detail}"

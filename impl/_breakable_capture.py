@@ -1,0 +1,283 @@
+"""The capture context manager of breakable graphs.
+
+``with BreakableCUDAGraphCapture(g): out = model(x)`` records ``model`` into ``g``: entering
+begins segment 0, each ``eager_on_graph`` call inside ends a segment, runs eagerly and begins
+the next one, and leaving ends the last segment.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
+from typing import Any, Final
+
+from spec import (
+    CaptureError,
+    CaptureErrorMode,
+    DeviceModule,
+    NestedCapture,
+    PoolHandle,
+    StreamLike,
+)
+
+from ._breakable_graph import BreakableCUDAGraph
+from ._breakable_state import ACTIVE_CAPTURE, ENABLED, IN_BREAK_BODY, REPLAY
+from ._graph_break import GraphBreak
+from ._stream_tracking import ForkTracker, track_forks
+
+__all__ = ["BreakableCUDAGraphCapture"]
+
+_CAPTURE_ERROR_MODES: Final = ("global", "thread_local", "relaxed")
+
+# Default capture streams, one per device object: captures that share a pool must share the
+# stream too, because the caching allocator keeps a pool's free blocks per stream.
+_SIDE_STREAMS: weakref.WeakKeyDictionary[Any, StreamLike] = weakref.WeakKeyDictionary()
+
+
+def _side_stream(device: DeviceModule) -> StreamLike:
+    try:
+        stream = _SIDE_STREAMS.get(device)
+        if stream is None:
+            stream = _SIDE_STREAMS[device] = device.Stream()
+    except TypeError:  # a device object that cannot be weakly referenced: one per capture
+        stream = device.Stream()
+    return stream
+
+
+class BreakableCUDAGraphCapture:
+    """Context manager capturing its body into a :class:`~impl.BreakableCUDAGraph`.
+
+    Arguments:
+        graph: the breakable graph to fill; it must hold no capture (``reset()`` it first).
+        pool: pool token every segment allocates from (``device.graph_pool_handle()`` or another
+            graph's ``pool()``); ``None`` makes a fresh one, available as ``graph.pool()``.
+        stream: the capture stream; ``None`` uses one side stream per device, shared by all
+            breakable captures on it (never the default stream).
+        capture_error_mode: as for ``device.graph``: ``"global"`` forbids unsafe calls from any
+            thread while a segment captures, ``"thread_local"`` only from this thread,
+            ``"relaxed"`` nothing beyond what the device cannot record.
+        barrier_fn: called at every break, after the segment ended and before the eager body
+            runs (e.g. a process-group barrier keeping ranks in step during capture). Not called
+            at replay.
+
+    **Where work is recorded.** Each segment is one ``device.graph(segment, pool, stream,
+    capture_error_mode)`` capture on the capture stream (made current for the body), including
+    work on side streams forked from it; breaks run eagerly on the capture stream between two
+    segment captures. The capture stream first waits for the stream that was current on entry,
+    so eager break bodies see inputs prepared there.
+
+    **Memory.** Segments allocate from ``pool``; a break's capture-time result is an ordinary
+    (eager) allocation on the capture stream, outside the pool, kept alive by the graph. Graphs
+    for several batch sizes share one pool and one capture stream (the caching allocator keeps
+    free blocks per stream): pass the same ``pool=`` (and ``stream=``, or rely on the shared
+    default), and capture the largest size first, so smaller sizes re-use its blocks
+    (``BCG-12``).
+
+    While the body runs: :func:`~impl.is_in_breakable_cuda_graph` is true, ``eager_on_graph``
+    calls split the capture, and ``device.Stream.wait_stream`` is wrapped to track forks.
+
+    .. note::
+        Before each segment ends, every stream forked from the capture stream that is still
+        capturing is joined back; a later explicit join of such a stream is a no-op
+        (``BCG-9``). Forks made with events (``wait_event``) are not tracked: join them before
+        the next break yourself.
+
+    .. note::
+        A nested breakable capture, or one begun while any capture is active, raises
+        :class:`spec.NestedCapture` before anything is recorded (``CAP-4``).
+
+    .. warning::
+        On an exception (a capture error, or any error of the body) no capture is left open,
+        the stream hook and context variables are restored, the partial segments are reset
+        (their pool blocks released), and ``graph.replay()`` raises :class:`spec.GraphNotReady`
+        until ``graph.reset()`` and a new capture (``BCG-10``).
+    """
+
+    def __init__(
+        self,
+        graph: BreakableCUDAGraph,
+        pool: PoolHandle | None = None,
+        stream: StreamLike | None = None,
+        capture_error_mode: CaptureErrorMode = "global",
+        barrier_fn: Callable[[], Any] | None = None,
+    ) -> None:
+        if not isinstance(graph, BreakableCUDAGraph):
+            raise TypeError(f"graph must be a BreakableCUDAGraph, got {type(graph).__name__}")
+        if capture_error_mode not in _CAPTURE_ERROR_MODES:
+            raise ValueError(
+                f"capture_error_mode must be one of {_CAPTURE_ERROR_MODES}, "
+                f"got {capture_error_mode!r}"
+            )
+        if barrier_fn is not None and not callable(barrier_fn):
+            raise TypeError(f"barrier_fn must be callable or None, got {barrier_fn!r}")
+        self.graph = graph
+        self.device: DeviceModule = graph.device
+        self.pool = pool
+        self.stream = stream
+        self.capture_error_mode: CaptureErrorMode = capture_error_mode
+        self.barrier_fn = barrier_fn
+        self._exit_stack: ExitStack | None = None
+        self._open_segment: AbstractContextManager[Any] | None = None
+        self._tracker: ForkTracker | None = None
+
+    # -- context manager ------------------------------------------------------------------------
+
+    def __enter__(self) -> BreakableCUDAGraph:
+        graph, device = self.graph, self.device
+        if graph._state != "empty":
+            raise ValueError(
+                f"graph already holds a {graph._state} capture; call graph.reset() first"
+            )
+        # Refuse before touching any stream: a synchronize or fork on a capturing stream would
+        # invalidate the capture in progress (CAP-4).
+        if ACTIVE_CAPTURE.get() is not None or device.is_current_stream_capturing():
+            raise NestedCapture()
+        stream = self.stream if self.stream is not None else _side_stream(device)
+        pool = self.pool if self.pool is not None else device.graph_pool_handle()
+        self.stream, self.pool = stream, pool
+        # The eager break bodies run on the capture stream and read inputs that may have been
+        # prepared on the caller's stream: order them (a plain wait, nothing is capturing yet).
+        current = device.current_stream()
+        if not _same_stream(current, stream):
+            stream.wait_stream(current)
+        with ExitStack() as stack:
+            stack.enter_context(device.stream(stream))
+            self._tracker = stack.enter_context(track_forks(device, stream))
+            stack.enter_context(_set(ACTIVE_CAPTURE, self))
+            stack.enter_context(_set(ENABLED, True))
+            graph._begin_capture(pool)
+            stack.callback(self._abort_if_open)
+            self._begin_segment()
+            self._exit_stack = stack.pop_all()
+        return graph
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        stack, self._exit_stack = self._exit_stack, None
+        if stack is None:
+            raise RuntimeError("BreakableCUDAGraphCapture.__exit__ without a matching __enter__")
+        with stack:  # restores hooks, context variables and the stream, whatever happens here
+            if exc is None:
+                try:
+                    self._end_segment()
+                except BaseException:
+                    self.graph._fail_capture()
+                    raise
+                self.graph._finish_capture()
+                return False
+            self._abort(exc)
+        return False
+
+    # -- segments and breaks ---------------------------------------------------------------------
+
+    def _begin_segment(self) -> None:
+        segment = self.graph._new_segment()
+        ctx = self.device.graph(
+            segment, pool=self.pool, stream=self.stream, capture_error_mode=self.capture_error_mode
+        )
+        ctx.__enter__()
+        self._open_segment = ctx
+
+    def _end_segment(self) -> None:
+        self._join_forks()
+        ctx, self._open_segment = self._open_segment, None
+        if ctx is None:
+            # Only after the body caught an error of a failed segment start and went on.
+            raise CaptureError("the breakable capture has no open segment: an error inside the "
+                               "body interrupted it, so the capture is incomplete")
+        with warnings.catch_warnings():
+            # Empty segments are allowed (BCG-1); torch warns about empty CUDA graphs because
+            # they usually mean capture on the wrong stream, which cannot happen here.
+            warnings.filterwarnings("ignore", message=".*CUDA Graph is empty")
+            ctx.__exit__(None, None, None)
+
+    def _join_forks(self) -> None:
+        """Join every stream forked from the capture stream back into it (``BCG-9``).
+        ``conformance.mutants`` overrides this to reproduce an unjoined fork."""
+        if self._tracker is not None:
+            self._tracker.join_all()
+
+    def _make_break(
+        self, fn: Callable[..., Any] | None, args: tuple[Any, ...], kwargs: dict[str, Any],
+        result: Any,
+    ) -> GraphBreak:
+        """Record one break. The reference holds everything strongly (``BCG-7``);
+        ``conformance.mutants`` overrides this to reproduce the weak-reference field bugs."""
+        return GraphBreak(fn, args, kwargs, result)
+
+    def run_break(
+        self,
+        fn: Callable[..., Any] | None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        capture_stub: Callable[..., Any] | None = None,
+    ) -> Any:
+        """Split the capture at a call of ``fn`` (``BCG-5``): end the current segment (joining
+        forks), call ``barrier_fn``, run ``capture_stub`` or ``fn`` eagerly on the capture
+        stream, record the break, begin the next segment, and return the eager result.
+
+        This is what a decorated call does inside a capture; ``fn=None`` records an empty
+        break (``break_graph()``).
+        """
+        kwargs = {} if kwargs is None else kwargs
+        if not _same_stream(self.device.current_stream(), self.stream):
+            raise CaptureError(
+                "a graph break must be called on the capture stream; this call was made on a "
+                "side stream: switch back (join it) before calling the eager_on_graph function"
+            )
+        self._end_segment()
+        if self.barrier_fn is not None:
+            self.barrier_fn()
+        result = None
+        if fn is not None:
+            body = capture_stub if capture_stub is not None else fn
+            with _set(IN_BREAK_BODY, True), _set(REPLAY, (self.device, 0)):
+                result = body(*args, **kwargs)
+        self.graph._breaks.append(self._make_break(fn, args, kwargs, result))
+        self._begin_segment()
+        return result
+
+    # -- failure --------------------------------------------------------------------------------
+
+    def _abort(self, exc: BaseException) -> None:
+        """End the open segment's capture with the body's exception (the device maps it, e.g.
+        a CUDA host-sync failure into SyncDuringCapture, and releases the partial graph), then
+        leave the graph partial. A translated error propagates with ``exc`` as its cause."""
+        ctx, self._open_segment = self._open_segment, None
+        try:
+            if ctx is not None:
+                ctx.__exit__(type(exc), exc, exc.__traceback__)
+        finally:
+            self.graph._fail_capture()
+
+    def _abort_if_open(self) -> None:
+        # Runs only when __enter__ itself failed after the stream hook was installed.
+        if self._open_segment is not None or self.graph._state == "capturing":
+            ctx, self._open_segment = self._open_segment, None
+            try:
+                if ctx is not None:
+                    ctx.__exit__(None, None, None)
+            except Exception:
+                pass  # the error that aborted __enter__ is the one to propagate
+            finally:
+                self.graph._fail_capture()
+
+
+def _same_stream(a: StreamLike, b: StreamLike | None) -> bool:
+    return a is b or a == b
+
+
+class _set(AbstractContextManager[None]):
+    """Set a context variable for a ``with`` body, restoring it after."""
+
+    __slots__ = ("_token", "_value", "_var")
+
+    def __init__(self, var: Any, value: Any) -> None:
+        self._var, self._value = var, value
+
+    def __enter__(self) -> None:
+        self._token = self._var.set(self._value)
+
+    def __exit__(self, *exc: object) -> None:
+        self._var.reset(self._token)

@@ -1,0 +1,200 @@
+"""The breakable graph: device graphs (segments) with eager calls (breaks) between them.
+
+A forward pass whose attention (or recurrent mixer, or collective) cannot live in a CUDA graph is
+captured as ``segment 0, break 0, segment 1, ..., break n-1, segment n``: each segment an
+ordinary graph of the device, each break an eager call repeated at replay. This module holds the
+captured object and its replay; :class:`~impl.BreakableCUDAGraphCapture` fills it and
+:func:`~impl.eager_on_graph` marks where the breaks go.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+
+from spec import DeviceModule, GraphLike, GraphNotReady, PoolHandle
+
+from ._breakable_state import REPLAY
+from ._graph_break import GraphBreak
+
+__all__ = ["BreakableCUDAGraph"]
+
+_State = Literal["empty", "capturing", "ready", "partial"]
+
+# One counter for the whole process: a replay id names one replay of one graph uniquely.
+_REPLAY_IDS = itertools.count(1)
+
+
+def _default_device() -> DeviceModule:
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "BreakableCUDAGraph(device=None) uses CudaDevice(), but CUDA is not available; "
+            "pass device=, e.g. BreakableCUDAGraph(device=fakes.FakeDevice())"
+        )
+    from ._cuda_device import CudaDevice
+
+    return CudaDevice()
+
+
+class BreakableCUDAGraph:
+    """Segments of device graphs and the eager breaks between them, replayed in order.
+
+    Arguments:
+        device: the device module (:class:`spec.DeviceModule`); ``None`` means
+            :class:`~impl.CudaDevice` and raises :class:`RuntimeError` asking for ``device=``
+            where CUDA is not available.
+        keep_graph: build the segments with ``device.CUDAGraph(keep_graph=True)``, so that
+            ``device.graph_node_count(segment)`` works on CUDA (instantiation then happens at
+            the first replay).
+
+    Filled by :class:`~impl.BreakableCUDAGraphCapture`. After a complete capture,
+    ``len(segments) == len(breaks) + 1`` (``BCG-1``): segment ``i`` holds the work recorded
+    between break ``i-1`` and break ``i``; a segment may be empty (two breaks in a row); with
+    zero breaks the object behaves as one ordinary graph.
+
+    **Memory.** Every segment allocates from one pool, :meth:`pool`: the ``pool=`` given to the
+    capture, or a fresh one. Several breakable graphs (one per batch size) share a pool by
+    passing the same token; capture them largest size first, so smaller captures re-use blocks
+    the larger one freed (``BCG-12``). Break inputs and capture-time results are held strongly
+    by the graph (``BCG-7``) and stay allocated until :meth:`reset` or the graph is dropped.
+
+    .. warning::
+        ``replay()`` after a failed or interrupted capture raises :class:`spec.GraphNotReady`
+        until ``reset()`` and a new capture (``BCG-10``).
+    """
+
+    def __init__(self, device: DeviceModule | None = None, *, keep_graph: bool = False) -> None:
+        self._device: DeviceModule = _default_device() if device is None else device
+        self._keep_graph = bool(keep_graph)
+        self._segments: list[GraphLike] = []
+        self._breaks: list[GraphBreak] = []
+        self._calls: tuple[Callable[[], Any], ...] | None = None
+        self._pool: PoolHandle | None = None
+        self._state: _State = "empty"
+
+    # -- read-only views ------------------------------------------------------------------------
+
+    @property
+    def device(self) -> DeviceModule:
+        """The device module the segments belong to."""
+        return self._device
+
+    @property
+    def keep_graph(self) -> bool:
+        return self._keep_graph
+
+    @property
+    def segments(self) -> tuple[GraphLike, ...]:
+        """The device graphs, in replay order."""
+        return tuple(self._segments)
+
+    @property
+    def breaks(self) -> tuple[GraphBreak, ...]:
+        """The recorded breaks, in replay order (break ``i`` runs after segment ``i``)."""
+        return tuple(self._breaks)
+
+    @property
+    def num_segments(self) -> int:
+        return len(self._segments)
+
+    @property
+    def num_breaks(self) -> int:
+        return len(self._breaks)
+
+    @property
+    def is_ready(self) -> bool:
+        """Whether a complete capture is held, so that :meth:`replay` may run."""
+        return self._state == "ready"
+
+    def pool(self) -> PoolHandle:
+        """The pool token all segments allocate from; pass it as ``pool=`` to another capture
+        to share memory. :class:`GraphNotReady` before the first capture began."""
+        if self._pool is None:
+            raise GraphNotReady("this breakable graph has no pool yet: capture it first")
+        return self._pool
+
+    def __repr__(self) -> str:
+        return (
+            f"BreakableCUDAGraph({self._state}, {self.num_segments} segments, "
+            f"{self.num_breaks} breaks, device={self._device!r})"
+        )
+
+    # -- replay ---------------------------------------------------------------------------------
+
+    def replay(self) -> None:
+        """Run segment 0, break 0, segment 1, ..., the last segment, on the current stream
+        (``BCG-2``).
+
+        Each segment's recorded work runs against what its memory holds now; each break calls
+        its function with its capture-time arguments and copies the result into its
+        capture-time result (``BCG-6``). While it runs, :func:`~impl.get_replay_stream` and
+        :func:`~impl.get_replay_id` tell break code where and which replay this is (``BCG-3``).
+        :class:`GraphNotReady` without a complete capture.
+        """
+        calls = self._calls
+        if calls is None:
+            raise GraphNotReady(
+                "breakable graph has no complete capture"
+                + (" (its capture failed; reset() it and capture again)"
+                   if self._state == "partial" else "")
+            )
+        token = REPLAY.set((self._device, next(_REPLAY_IDS)))
+        try:
+            for call in calls:
+                call()
+        finally:
+            REPLAY.reset(token)
+
+    def reset(self) -> None:
+        """Drop the segments (releasing their hold on the pool), the breaks and the objects they
+        held; the graph can then be captured again."""
+        if self._state == "capturing":
+            raise RuntimeError("reset() during this graph's capture; leave the capture first")
+        segments, self._segments = self._segments, []
+        self._breaks = []
+        self._calls = None
+        self._pool = None
+        self._state = "empty"
+        for segment in segments:
+            segment.reset()
+
+    # -- used by BreakableCUDAGraphCapture ------------------------------------------------------
+
+    def _new_segment(self) -> GraphLike:
+        device = self._device
+        segment = device.CUDAGraph(keep_graph=True) if self._keep_graph else device.CUDAGraph()
+        self._segments.append(segment)
+        return segment
+
+    def _begin_capture(self, pool: PoolHandle) -> None:
+        self._pool = pool
+        self._state = "capturing"
+
+    def _finish_capture(self) -> None:
+        """Precompute the flat list replay walks: no lookups or allocations per replay beyond
+        what the breaks themselves do."""
+        calls: list[Callable[[], Any]] = []
+        for index, segment in enumerate(self._segments):
+            calls.append(segment.replay)
+            if index < len(self._breaks):
+                call = self._breaks[index].replay_callable()
+                if call is not None:
+                    calls.append(call)
+        self._calls = tuple(calls)
+        self._state = "ready"
+
+    def _fail_capture(self) -> None:
+        """Leave the partial-capture state: segments reset (their pool blocks released), held
+        objects dropped, replay refused until reset() and a new capture."""
+        segments, self._segments = self._segments, []
+        self._breaks = []
+        self._calls = None
+        self._state = "partial"
+        for segment in segments:
+            try:
+                segment.reset()
+            except Exception:
+                continue  # best effort: the capture's own error is propagating

@@ -1,0 +1,59 @@
+"""Clauses of breakable CUDA graphs (``BCG``) and of the CUDA device module (``CUDA``)."""
+
+from .clauses import define
+
+define(
+    "breakable",
+    [
+        ("BCG-1", """After a complete breakable capture, len(segments) == len(breaks) + 1
+            (num_segments and num_breaks report them); segments may be empty, and a capture
+            with zero breaks replays like one ordinary graph."""),
+        ("BCG-2", """replay() runs segment 0, break 0, segment 1, ..., the last segment, in that
+            order, on the current stream, any number of times, each time equal to running the
+            captured code eagerly on the current inputs."""),
+        ("BCG-3", """During replay, get_replay_stream() returns the stream the replay runs on and
+            get_replay_id() a counter that differs for every replay; outside replay and capture
+            both return None."""),
+        ("BCG-4", """Outside a breakable capture an eager_on_graph function is a plain call, and
+            eager_on_graph(enable=False) returns the function itself."""),
+        ("BCG-5", """Inside a breakable capture a decorated call ends the current segment, calls
+            barrier_fn, runs the function (or capture_stub instead) eagerly once, records one
+            break, begins the next segment, and returns the eager result."""),
+        ("BCG-6", """At replay a break calls its function with the capture-time argument objects
+            and copies the result in place into the capture-time result: tensors directly,
+            tuples and lists element-wise, dicts and objects field-wise; a result that is the
+            capture-time object is not copied; a None result is allowed."""),
+        ("BCG-7", """Break inputs and capture-time results are held strongly by the graph: replay
+            stays correct after the caller dropped every reference to them, also after another
+            size was captured into the same pool and replayed on the capture stream."""),
+        ("BCG-8", """A decorated call made inside another break's eager body runs inline and
+            records no break of its own."""),
+        ("BCG-9", """Streams forked from the capture stream are joined back automatically before
+            each segment ends; an explicit join of a fork that is no longer capturing is a
+            no-op; the wait_stream hook exists only while a capture is in progress."""),
+        ("BCG-10", """An exception inside a breakable capture leaves no capture open, restores the
+            stream hook and the context variables, leaves the device usable, and the partial
+            graph raises GraphNotReady on replay until reset() and a new capture."""),
+        ("BCG-11", """enable_breakable_cuda_graph() makes is_in_breakable_cuda_graph() true for its
+            body and restores the previous value on exit, also when nested and on exceptions;
+            a breakable capture enables it for its body."""),
+        ("BCG-12", """All segments of a breakable graph allocate from one pool (the pool= token or
+            graph.pool()); graphs of several sizes captured into one pool, largest first, each
+            replay correctly."""),
+        ("BCG-13", """break_graph() splits a breakable capture with an empty break and is a no-op
+            outside a capture."""),
+    ],
+)
+
+define(
+    "cuda",
+    [
+        ("CUDA-1", """is_stream_capturing(stream) is true for the capturing stream and for a
+            stream forked from it during the capture, and false for both once the capture
+            ended."""),
+        ("CUDA-2", """A backend failure during or at the end of a capture is raised as a spec
+            CaptureError whose __cause__ is the backend's original error."""),
+        ("CUDA-3", """graph_node_count(graph) of a graph captured with keep_graph=True counts its
+            recorded work items: one per elementwise in-place op."""),
+    ],
+)

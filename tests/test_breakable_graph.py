@@ -1,0 +1,243 @@
+"""impl's breakable graph beyond the conformance scenarios: argument checks, lifecycle, the
+stream hook, the result copy, and the replay-time context."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import impl
+import spec
+from impl import (
+    BreakableCUDAGraph,
+    BreakableCUDAGraphCapture,
+    GraphBreak,
+    copy_into,
+    eager_on_graph,
+    get_replay_id,
+    is_in_breakable_cuda_graph,
+)
+
+
+@pytest.fixture(scope="module")
+def device() -> spec.DeviceModule:
+    import fakes  # noqa: F401  (registers "fake")
+
+    return spec.get_device("fake")
+
+
+@eager_on_graph()
+def _plus1(h: torch.Tensor) -> torch.Tensor:
+    return h + 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
+def test_default_device_needs_cuda_and_asks_for_device() -> None:
+    with pytest.raises(RuntimeError):
+        BreakableCUDAGraph()
+
+
+def test_capture_rejects_bad_arguments(device) -> None:
+    graph = BreakableCUDAGraph(device)
+    with pytest.raises(TypeError):
+        BreakableCUDAGraphCapture(object())  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        BreakableCUDAGraphCapture(graph, capture_error_mode="strict")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        BreakableCUDAGraphCapture(graph, barrier_fn=3)  # type: ignore[arg-type]
+
+
+def test_decorator_rejects_bad_arguments() -> None:
+    with pytest.raises(TypeError):
+        eager_on_graph(lambda: None)  # type: ignore[arg-type]  (missing parentheses)
+    with pytest.raises(TypeError):
+        eager_on_graph(capture_stub=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        eager_on_graph()(3)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# Lifecycle
+# ---------------------------------------------------------------------------------------------
+
+
+def test_graph_with_a_capture_must_be_reset_first(device) -> None:
+    x = torch.zeros(2, device=device.device)
+    graph = BreakableCUDAGraph(device)
+    assert not graph.is_ready and graph.num_segments == 0
+    with pytest.raises(spec.GraphNotReady):
+        graph.pool()
+    with BreakableCUDAGraphCapture(graph):
+        _plus1(x)
+    assert graph.is_ready
+    with pytest.raises(ValueError), BreakableCUDAGraphCapture(graph):
+        pass
+    graph.reset()
+    assert (graph.num_segments, graph.num_breaks, graph.is_ready) == (0, 0, False)
+    with pytest.raises(spec.GraphNotReady):
+        graph.replay()
+    with BreakableCUDAGraphCapture(graph):
+        out = _plus1(x) * 2
+    x.fill_(4.0)
+    graph.replay()
+    assert out.tolist() == [10.0, 10.0], f"got {out.tolist()} after reset and recapture"
+
+
+def test_nested_breakable_capture_is_refused(device) -> None:
+    outer, inner = BreakableCUDAGraph(device), BreakableCUDAGraph(device)
+    x = torch.zeros(2, device=device.device)
+    with pytest.raises(spec.NestedCapture), BreakableCUDAGraphCapture(outer):
+        x.add_(1)
+        with BreakableCUDAGraphCapture(inner):
+            x.add_(2)
+    assert not device.is_current_stream_capturing()
+    with pytest.raises(spec.GraphNotReady):
+        outer.replay()
+    assert not inner.is_ready and inner.num_segments == 0
+
+
+def test_break_called_on_a_side_stream_is_refused(device) -> None:
+    side = device.Stream()
+    x = torch.zeros(2, device=device.device)
+    graph = BreakableCUDAGraph(device)
+    with pytest.raises(spec.CaptureError), BreakableCUDAGraphCapture(graph):
+        side.wait_stream(device.current_stream())
+        with device.stream(side):
+            _plus1(x)
+    assert not device.is_current_stream_capturing()
+
+
+def test_replay_error_in_a_break_propagates_and_restores_context(device) -> None:
+    fail = {"now": False}
+
+    @eager_on_graph()
+    def fragile(h: torch.Tensor) -> torch.Tensor:
+        if fail["now"]:
+            raise KeyError("break failed at replay")
+        return h * 2
+
+    x = torch.zeros(2, device=device.device)
+    graph = BreakableCUDAGraph(device)
+    with BreakableCUDAGraphCapture(graph):
+        fragile(x + 1)
+    fail["now"] = True
+    with pytest.raises(KeyError):
+        graph.replay()
+    assert get_replay_id() is None, "a failed replay left its replay id published"
+    fail["now"] = False
+    graph.replay()
+
+
+def test_hook_is_removed_after_a_failed_capture(device) -> None:
+    before = device.Stream.__dict__.get("wait_stream")
+    graph = BreakableCUDAGraph(device)
+    with pytest.raises(ZeroDivisionError), BreakableCUDAGraphCapture(graph):
+        assert device.Stream.__dict__.get("wait_stream") is not before
+        assert is_in_breakable_cuda_graph()
+        raise ZeroDivisionError
+    assert device.Stream.__dict__.get("wait_stream") is before
+    assert not is_in_breakable_cuda_graph()
+
+
+def test_replay_ids_grow_by_one_per_replay(device) -> None:
+    seen: list[int | None] = []
+
+    @eager_on_graph()
+    def record(h: torch.Tensor) -> None:
+        seen.append(get_replay_id())
+
+    x = torch.zeros(2, device=device.device)
+    graph = BreakableCUDAGraph(device)
+    with BreakableCUDAGraphCapture(graph):
+        record(x)
+        record(x)
+    seen.clear()
+    graph.replay()
+    graph.replay()
+    assert seen[0] == seen[1] and seen[2] == seen[3] and seen[2] == seen[0] + 1, (
+        f"replay ids {seen}: expected one id per replay, growing by one"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The result copy (pure tensor code, no device)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Meta:
+    lens: torch.Tensor
+    name: str
+    nested: dict
+
+
+class _Slotted:
+    __slots__ = ("a", "n")
+
+    def __init__(self, a: torch.Tensor, n: int) -> None:
+        self.a, self.n = a, n
+
+
+def test_copy_into_follows_the_structure() -> None:
+    dest = [
+        torch.zeros(2),
+        (torch.zeros(1), 3),
+        {"k": torch.zeros(2)},
+        _Meta(torch.zeros(2), "a", {"x": [torch.zeros(1)]}),
+        _Slotted(torch.zeros(2), 1),
+    ]
+    keep = dest[0]
+    src = [
+        torch.ones(2),
+        (torch.full((1,), 2.0), 99),
+        {"k": torch.full((2,), 3.0)},
+        _Meta(torch.full((2,), 4.0), "b", {"x": [torch.full((1,), 5.0)]}),
+        _Slotted(torch.full((2,), 6.0), 7),
+    ]
+    copy_into(dest, src)
+    assert dest[0] is keep and dest[0].tolist() == [1.0, 1.0]
+    assert dest[1][0].tolist() == [2.0] and dest[1][1] == 3, "non-tensor leaves must be left"
+    assert dest[2]["k"].tolist() == [3.0, 3.0]
+    assert dest[3].lens.tolist() == [4.0, 4.0] and dest[3].name == "a"
+    assert dest[3].nested["x"][0].tolist() == [5.0]
+    assert dest[4].a.tolist() == [6.0, 6.0] and dest[4].n == 1
+
+
+def test_copy_into_skips_the_destination_itself_and_checks_lengths() -> None:
+    t = torch.zeros(2)
+    copy_into(t, t)  # no self-copy needed, none made
+    copy_into((t,), (t,))
+    with pytest.raises(ValueError):
+        copy_into([torch.zeros(1), torch.zeros(1)], [torch.zeros(1)])
+
+
+def test_graph_break_replay_callables() -> None:
+    assert GraphBreak(None).replay_callable() is None
+    dest = torch.zeros(2)
+    call = GraphBreak(lambda a, b: a + b, (torch.ones(2), torch.ones(2)), {}, dest)
+    call_fn = call.replay_callable()
+    assert call_fn is not None
+    call_fn()
+    assert dest.tolist() == [2.0, 2.0]
+    box = {"out": torch.zeros(1)}
+    held = box["out"]
+    keyed = GraphBreak(lambda *, v: {"out": v * 3}, (), {"v": torch.ones(1)}, box)
+    fn = keyed.replay_callable()
+    assert fn is not None
+    fn()
+    assert box["out"] is held and held.tolist() == [3.0]
+
+
+def test_facade_exports_the_breakable_api() -> None:
+    for name in ("BreakableCUDAGraph", "BreakableCUDAGraphCapture", "CudaDevice",
+                 "eager_on_graph", "break_graph", "enable_breakable_cuda_graph",
+                 "is_in_breakable_cuda_graph", "get_replay_stream", "get_replay_id"):
+        assert name in impl.__all__, f"impl.__all__ lacks {name}"
+    assert "cuda" in spec.device_names(), "importing impl did not register the 'cuda' device"
