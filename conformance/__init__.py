@@ -2,18 +2,28 @@
 (:mod:`conformance.plugin`) against a chosen backend, with mutants (:mod:`conformance.mutants`)
 proving that the regression tests detect the bugs they guard against.
 
-Run it with ``pytest --pyargs conformance --backend=fake`` (installed), or from a checkout with
-``python -m pytest -p conformance.plugin --pyargs conformance --backend=fake``.
+Run it with ``python -m conformance [--backend NAME] [--report-dir DIR]`` (writes the clause
+report), ``pytest --pyargs conformance --backend=fake`` (installed), or from a checkout with
+``python -m pytest -p conformance.plugin --pyargs conformance --backend=fake``. Point it at your
+own implementation with ``--backend module:factory``, ``factory()`` returning an :class:`Adapter`.
 """
 
+from ._adapter import BREAKABLE_NAMES, REGISTRY_NAMES, Adapter, Part
 from ._backend import Backend, Capability, load_backend
 from ._isolation import ErrorInfo, Outcome, run_scenario
+from ._report import ClauseStatus, TestOutcome
 
 __all__ = [
+    "BREAKABLE_NAMES",
+    "REGISTRY_NAMES",
+    "Adapter",
     "Backend",
     "Capability",
+    "ClauseStatus",
     "ErrorInfo",
     "Outcome",
+    "Part",
+    "TestOutcome",
     "load_backend",
     "run_scenario",
 ]

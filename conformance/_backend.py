@@ -1,9 +1,11 @@
 """Backends of the conformance suite: what ``--backend`` names, and what each one can show.
 
-A :class:`Backend` is a name, a factory for the device module, and the *capabilities* that decide
-which tests apply. ``fake`` and ``cuda`` are built in; ``module:factory`` names a callable returning
-a device module (a third party's), which may carry ``capabilities`` and ``isolate_failures``
-attributes. Only the name is needed to rebuild a backend in a subprocess.
+A :class:`Backend` is a name, a factory for the device module, the *capabilities* that decide
+which tests apply, and the implementation parts under test (registry, breakable graphs, runners).
+``fake`` and ``cuda`` are built in and test the reference implementation ``impl``;
+``module:factory`` names a callable returning a :class:`conformance.Adapter` (a third party's
+implementation) or, for a device alone, a device module (which may carry ``capabilities`` and
+``isolate_failures`` attributes). Only the name is needed to rebuild a backend in a subprocess.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, Final, Literal, get_args
 
 from spec import DeviceModule
+
+from ._adapter import Adapter
 
 __all__ = ["Backend", "Capability", "load_backend", "parse_backend_name"]
 
@@ -54,6 +58,8 @@ class Backend:
             lacks are skipped with the reason.
         isolate_failures: run scenarios that may leave the process unusable (capture errors on
             CUDA poison the context) in a fresh subprocess, as PyTorch's own tests do.
+        registry, breakable, runners: the implementation parts under test (``None``: not
+            provided; tests needing the part are skipped with the reason).
 
     The device module is built on first use of :attr:`device` and shared by the whole run.
     """
@@ -65,6 +71,9 @@ class Backend:
         capabilities: Iterable[str] = (),
         *,
         isolate_failures: bool = False,
+        registry: Any = None,
+        breakable: Any = None,
+        runners: Any = None,
     ) -> None:
         caps = frozenset(capabilities)
         unknown = caps - CAPABILITIES
@@ -79,7 +88,28 @@ class Backend:
         self.factory = factory
         self.capabilities = caps
         self.isolate_failures = bool(isolate_failures)
+        self.registry = registry
+        self.breakable = breakable
+        self.runners = runners
         self._device: DeviceModule | None = None
+
+    @classmethod
+    def from_adapter(cls, name: str, adapter: Adapter) -> Backend:
+        """The backend for a third party's :class:`Adapter` (named ``adapter.name`` or ``name``)."""
+        return cls(
+            adapter.name or name,
+            adapter.device,
+            adapter.capabilities,
+            isolate_failures=adapter.isolate_failures,
+            registry=adapter.registry,
+            breakable=adapter.breakable,
+            runners=adapter.runners,
+        )
+
+    def parts(self) -> tuple[str, ...]:
+        """The implementation parts this backend provides, for reports."""
+        names = ("registry", "breakable", "runners")
+        return tuple(p for p in names if getattr(self, p) is not None)
 
     def __repr__(self) -> str:
         caps = ", ".join(sorted(self.capabilities)) or "none"
@@ -132,6 +162,7 @@ def parse_backend_name(value: str) -> str:
 
 def _fake() -> Backend:
     import fakes  # noqa: F401  (registers "fake")
+    import impl
     import spec
 
     return Backend(
@@ -139,11 +170,13 @@ def _fake() -> Backend:
         lambda: spec.get_device("fake"),
         ["hazard_errors", "exact_capture_errors", "aten_op_names", "unsupported_ops",
          "node_count"],
+        registry=impl,
+        breakable=impl,
     )
 
 
 def _cuda() -> Backend:
-    import impl  # noqa: F401  (registers "cuda")
+    import impl  # registers "cuda"
     import spec
 
     # CudaDevice maps every capture failure the suite provokes onto its leaf class (checked on
@@ -155,36 +188,60 @@ def _cuda() -> Backend:
         pass
     else:
         caps.append("node_count")
-    return Backend("cuda", lambda: spec.get_device("cuda"), caps, isolate_failures=True)
+    return Backend(
+        "cuda",
+        lambda: spec.get_device("cuda"),
+        caps,
+        isolate_failures=True,
+        registry=impl,
+        breakable=impl,
+    )
 
 
 def _third_party(value: str) -> Backend:
     module_name, _, attr = value.partition(":")
     try:
         target: Any = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ValueError(f"backend {value!r}: cannot import {module_name!r} ({error})") from None
+    except Exception as error:  # an adapter module may fail to import in any way
+        raise ValueError(
+            f"cannot import {module_name!r} ({type(error).__name__}: {error})"
+        ) from None
     for part in attr.split("."):
         try:
             target = getattr(target, part)
         except AttributeError:
-            raise ValueError(f"backend {value!r}: {module_name!r} has no {attr!r}") from None
+            raise ValueError(f"module {module_name!r} has no {attr!r}") from None
     if not callable(target):
-        raise ValueError(f"backend {value!r}: {attr!r} is not callable")
-    return Backend(
-        value,
-        target,
-        getattr(target, "capabilities", ()),
-        # A device of unknown robustness: keep the run alive if its failures poison the process.
-        isolate_failures=getattr(target, "isolate_failures", True),
+        raise ValueError(f"{attr!r} in {module_name!r} is not callable")
+    try:
+        made = target()
+    except Exception as error:
+        raise ValueError(f"{attr}() raised {type(error).__name__}: {error}") from None
+    if isinstance(made, Adapter):
+        return Backend.from_adapter(value, made)
+    if isinstance(made, DeviceModule):
+        backend = Backend(
+            value,
+            target,
+            getattr(target, "capabilities", ()),
+            # A device of unknown robustness: keep the run alive if its failures poison it.
+            isolate_failures=getattr(target, "isolate_failures", True),
+        )
+        backend._device = made
+        return backend
+    raise TypeError(
+        f"{attr}() returned {type(made).__name__}, expected a conformance.Adapter "
+        "(or a device module)"
     )
 
 
 def load_backend(value: str) -> Backend:
     """The backend for a ``--backend`` value (see :func:`parse_backend_name`).
 
-    Builds no device yet. :class:`ValueError` naming the value and the problem for a bad name,
-    a module that does not import, or a factory that is missing or not callable.
+    Builds no device yet for ``fake`` and ``cuda``; a third party's factory is called once, to
+    check what it returns. :class:`ValueError` / :class:`TypeError` naming the problem for a bad
+    name, a module that does not import, a factory that is missing, not callable or raises, or
+    one that returns neither an :class:`Adapter` nor a device module.
     """
     value = parse_backend_name(value)
     if value == "fake":

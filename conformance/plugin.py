@@ -1,5 +1,5 @@
 """pytest plugin of the conformance suite: ``--backend``, the ``backend`` fixture, clause and
-capability markers, and known-failure (xfail) files."""
+capability markers, known-failure (xfail) files, and the clauses x backends report."""
 
 from __future__ import annotations
 
@@ -8,28 +8,18 @@ import os
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any
 
 import pytest
 
+from ._adapter import check_part
 from ._backend import CAPABILITIES, Backend, load_backend, parse_backend_name
+from ._report import Outcome, TestOutcome, fold, summary_lines, write_report
 
 ENV_VAR = "CONFORMANCE_BACKEND"
 """Environment variable giving the backend when ``--backend`` is not passed."""
 
 DEFAULT_BACKEND = "fake"
-
-ClauseOutcome = Literal["pass", "fail", "skip", "xfail"]
-
-
-class ClauseResult(NamedTuple):
-    """What one test said about the clauses it names, on the run's backend."""
-
-    nodeid: str
-    clauses: tuple[str, ...]
-    outcome: ClauseOutcome
-    reason: str
-
 
 state_key = pytest.StashKey["ConformanceState"]()
 clauses_key = pytest.StashKey[tuple[str, ...]]()
@@ -39,13 +29,17 @@ phase_reports_key = pytest.StashKey[dict[str, pytest.TestReport]]()
 
 
 class ConformanceState:
-    """The plugin's one state object: the backend of the run (built on first use), the known
-    failures from ``--xfail-file``, and one :class:`ClauseResult` per finished test."""
+    """The plugin's one state object: the backend of the run (loaded on first use), the known
+    failures from ``--xfail-file``, the report folder, and one :class:`TestOutcome` per finished
+    conformance test."""
 
-    def __init__(self, backend_name: str, xfail: list[tuple[str, str]]) -> None:
+    def __init__(
+        self, backend_name: str, xfail: list[tuple[str, str]], report_dir: Path | None = None
+    ) -> None:
         self.backend_name = backend_name
         self.xfail = xfail
-        self.results: list[ClauseResult] = []
+        self.report_dir = report_dir
+        self.results: list[TestOutcome] = []
         self._backend: Backend | None = None
 
     @classmethod
@@ -57,7 +51,12 @@ class ConformanceState:
         except ValueError as error:
             raise pytest.UsageError(f"--backend (or ${ENV_VAR}): {error}") from None
         path = config.getoption("conformance_xfail_file")
-        return cls(name, _read_xfail_file(Path(path)) if path else [])
+        report_dir = config.getoption("conformance_report_dir")
+        return cls(
+            name,
+            _read_xfail_file(Path(path)) if path else [],
+            Path(report_dir) if report_dir else None,
+        )
 
     def backend(self) -> Backend:
         """The run's :class:`Backend`, loaded on first use (no device is built yet)."""
@@ -66,6 +65,8 @@ class ConformanceState:
                 self._backend = load_backend(self.backend_name)
             except (ValueError, TypeError, ImportError) as error:
                 raise pytest.UsageError(f"--backend {self.backend_name}: {error}") from None
+            # Third-party adapters may name themselves; keep that name for the report.
+            self.backend_name = self._backend.name
         return self._backend
 
 
@@ -119,6 +120,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             "('pattern  # reason'); matching tests are marked xfail (not strict)."
         ),
     )
+    group.addoption(
+        "--report-dir",
+        dest="conformance_report_dir",
+        default=None,
+        metavar="DIR",
+        help=(
+            "write the clause report (conformance.md, conformance.json: clauses x backends, "
+            "merged with earlier runs' backends in DIR) at the end of the run."
+        ),
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -164,6 +175,22 @@ def device(backend: Backend) -> object:
     return backend.device
 
 
+@pytest.fixture(scope="session")
+def registry_api(backend: Backend) -> Any:
+    """The input-buffer registry API under test (``impl`` for the reference backends): an
+    object with :data:`conformance.REGISTRY_NAMES`. Skips, naming the backend, when the
+    backend's adapter provides no registry."""
+    return check_part(backend, "registry", backend.name)
+
+
+@pytest.fixture(scope="session")
+def breakable_api(backend: Backend) -> Any:
+    """The breakable-graph API under test (``impl`` for the reference backends): an object with
+    :data:`conformance.BREAKABLE_NAMES`. Skips, naming the backend, when the backend's adapter
+    provides no breakable graphs."""
+    return check_part(backend, "breakable", backend.name)
+
+
 # ---------------------------------------------------------------------------------------------
 # Hooks
 # ---------------------------------------------------------------------------------------------
@@ -183,6 +210,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from spec import CLAUSES
 
     state = config.stash[state_key]
+    if any(_in_suite(item) for item in items):
+        state.backend()  # a bad --backend is one usage error now, not an error per test
     problems: list[str] = []
     for item in items:
         ids = tuple(dict.fromkeys(_marker_args(item, "clause")))
@@ -215,7 +244,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError("conformance markers:\n  " + "\n  ".join(problems))
 
 
-def _fold(reports: dict[str, pytest.TestReport]) -> tuple[ClauseOutcome, str]:
+def _fold(reports: dict[str, pytest.TestReport]) -> tuple[Outcome, str]:
     """One outcome per test from its phase reports: a failed phase wins, then skip, xfail."""
     for report in reports.values():
         if report.failed:
@@ -238,10 +267,10 @@ def pytest_runtest_makereport(
     report: pytest.TestReport = yield
     reports = item.stash.setdefault(phase_reports_key, {})
     reports[report.when] = report
-    if report.when == "teardown" and item.stash.get(clauses_key, ()):
+    if report.when == "teardown" and item.stash.get(clauses_key, ()) and _in_suite(item):
         outcome, reason = _fold(reports)
         state = item.config.stash[state_key]
-        state.results.append(ClauseResult(item.nodeid, item.stash[clauses_key], outcome, reason))
+        state.results.append(TestOutcome(item.nodeid, item.stash[clauses_key], outcome, reason))
     return report
 
 
@@ -250,12 +279,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if state is None or not state.results:
         return
     counts = Counter(result.outcome for result in state.results)
-    clauses = {c for result in state.results for c in result.clauses}
-    failing = sorted({c for r in state.results if r.outcome == "fail" for c in r.clauses})
     terminalreporter.section("conformance")
     terminalreporter.write_line(
-        f"backend {state.backend_name!r}: {len(state.results)} tests over {len(clauses)} "
-        "clauses: " + ", ".join(f"{counts[k]} {k}" for k in ("pass", "fail", "skip", "xfail"))
+        f"backend {state.backend_name!r}: {len(state.results)} tests: "
+        + ", ".join(f"{counts[k]} {k}" for k in ("pass", "fail", "skip", "xfail"))
     )
-    if failing:
-        terminalreporter.write_line(f"failing clauses: {', '.join(failing)}")
+    for line in summary_lines(state.backend_name, fold(state.results)):
+        terminalreporter.write_line(line)
+    if state.report_dir is not None:
+        json_path, md_path = write_report(
+            state.report_dir, state.backend_name, fold(state.results)
+        )
+        terminalreporter.write_line(f"clause report: {md_path} and {json_path}")

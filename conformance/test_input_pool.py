@@ -24,14 +24,16 @@ requests = st.lists(
 )
 
 
-def _serve(api: Any, where: torch.device, reqs: list[tuple]) -> list[torch.Tensor]:
-    api.clear_input_buffer_pool()
+def _serve(registry_api: Any, where: torch.device, reqs: list[tuple]) -> list[torch.Tensor]:
+    registry_api.clear_input_buffer_pool()
     out = []
     for name, numel, dtype, place, shape_choice in reqs:
         shape = SHAPES[numel][shape_choice]
         device = "cpu" if place == "host" else where
-        out.append(api.share_input_buffer(name, torch.zeros(shape, dtype=dtype, device=device)))
-    api.clear_input_buffer_pool()
+        out.append(
+            registry_api.share_input_buffer(name, torch.zeros(shape, dtype=dtype, device=device))
+        )
+    registry_api.clear_input_buffer_pool()
     return out
 
 
@@ -68,22 +70,22 @@ def test_sharing_iff_keys_equal_independent_of_order(
 
 @pytest.mark.clause("POOL-2", "POOL-3")
 def test_first_registrant_is_canonical_until_cleared(registry_api: Any) -> None:
-    api = registry_api
-    api.clear_input_buffer_pool()
+
+    registry_api.clear_input_buffer_pool()
     first = torch.arange(4)
-    assert api.share_input_buffer("x", first) is first
-    joined = api.share_input_buffer("x", torch.zeros(2, 2, dtype=torch.int64))
+    assert registry_api.share_input_buffer("x", first) is first
+    joined = registry_api.share_input_buffer("x", torch.zeros(2, 2, dtype=torch.int64))
     assert joined.data_ptr() == first.data_ptr() and joined.tolist() == [[0, 1], [2, 3]]
-    bigger = api.share_input_buffer("x", torch.zeros(8, dtype=torch.int64))
+    bigger = registry_api.share_input_buffer("x", torch.zeros(8, dtype=torch.int64))
     assert bigger.data_ptr() != first.data_ptr()
     assert (
-        api.share_input_buffer("x", torch.zeros(4, dtype=torch.int64)).data_ptr()
+        registry_api.share_input_buffer("x", torch.zeros(4, dtype=torch.int64)).data_ptr()
         == first.data_ptr()
     )
-    api.clear_input_buffer_pool()
+    registry_api.clear_input_buffer_pool()
     fresh = torch.zeros(4, dtype=torch.int64)
-    assert api.share_input_buffer("x", fresh) is fresh
-    api.clear_input_buffer_pool()
+    assert registry_api.share_input_buffer("x", fresh) is fresh
+    registry_api.clear_input_buffer_pool()
 
 
 @pytest.mark.clause("POOL-1")
@@ -96,17 +98,17 @@ def test_first_registrant_is_canonical_until_cleared(registry_api: Any) -> None:
     ],
 )
 def test_share_input_buffer_rejects_bad_arguments(registry_api: Any, name, tensor, exc) -> None:
-    api = registry_api
+
     with pytest.raises(exc):
-        api.share_input_buffer(name, tensor)
+        registry_api.share_input_buffer(name, tensor)
 
 
 @pytest.mark.clause("POOL-4")
 def test_share_pool_registries_share_and_apply_sentinel_after_pooling(
     device: Any, registry_api: Any
 ) -> None:
-    api = registry_api
-    api.clear_input_buffer_pool()
+
+    registry_api.clear_input_buffer_pool()
     kw = dict(
         device="cpu",
         max_bs=2,
@@ -115,13 +117,13 @@ def test_share_pool_registries_share_and_apply_sentinel_after_pooling(
         cache_loc_dtype=torch.int64,
         share_pool=True,
     )
-    a = api.build_decode_registry(**kw)
+    a = registry_api.build_decode_registry(**kw)
     a.get_slot("input_ids").buffer.fill_(3)
-    b = api.build_decode_registry(**{**kw, "seq_len_fill_value": 6})
+    b = registry_api.build_decode_registry(**{**kw, "seq_len_fill_value": 6})
     for name in a.slot_names():
         assert a.get_slot(name).buffer.data_ptr() == b.get_slot(name).buffer.data_ptr(), name
     assert a.get_slot("input_ids").buffer.tolist() == [3, 3, 3, 3], "joining re-zeroed the buffer"
     assert a.get_slot("seq_lens").buffer.tolist() == [6, 6], "sentinel fill must follow pooling"
-    c = api.build_decode_registry(**{**kw, "max_num_token": 8})
+    c = registry_api.build_decode_registry(**{**kw, "max_num_token": 8})
     assert c.get_slot("input_ids").buffer.data_ptr() != a.get_slot("input_ids").buffer.data_ptr()
-    api.clear_input_buffer_pool()
+    registry_api.clear_input_buffer_pool()

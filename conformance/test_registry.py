@@ -50,11 +50,11 @@ class _OpLog(TorchDispatchMode):
     ],
     ids=["unknown-axis", "none-zero", "none-sentinel", "sentinel-no-pad", "once-no-pad"],
 )
-def test_slot_rejects_inconsistent_declarations(api: Any, kwargs: dict) -> None:
+def test_slot_rejects_inconsistent_declarations(registry_api: Any, kwargs: dict) -> None:
     if "padding_policy" in kwargs:
-        kwargs = {**kwargs, "padding_policy": api.PaddingPolicy[kwargs["padding_policy"]]}
+        kwargs = {**kwargs, "padding_policy": registry_api.PaddingPolicy[kwargs["padding_policy"]]}
     with pytest.raises(ValueError):
-        api.GraphSlot("x", _tokens, torch.int64, **kwargs)
+        registry_api.GraphSlot("x", _tokens, torch.int64, **kwargs)
 
 
 @pytest.mark.clause("REG-1")
@@ -63,31 +63,35 @@ def test_slot_rejects_inconsistent_declarations(api: Any, kwargs: dict) -> None:
     [dict(dtype="int64"), dict(shape_fn=None), dict(padding_policy="ZERO"), dict(post_fill=3)],
     ids=["dtype", "shape_fn", "policy", "post_fill"],
 )
-def test_slot_rejects_wrong_types(api: Any, kwargs: dict) -> None:
+def test_slot_rejects_wrong_types(registry_api: Any, kwargs: dict) -> None:
     base = dict(name="x", shape_fn=_tokens, dtype=torch.int64)
     with pytest.raises(TypeError):
-        api.GraphSlot(**{**base, **kwargs})
+        registry_api.GraphSlot(**{**base, **kwargs})
 
 
 @pytest.mark.clause("REG-1")
 @pytest.mark.parametrize("policy", ["KEEP_PAD", "FOREACH_COPY"])
-def test_slot_axis_none_accepts_non_padding_policies(api: Any, policy: str) -> None:
-    slot = api.GraphSlot(
-        "x", _tokens, torch.int64, axis="none", padding_policy=api.PaddingPolicy[policy]
+def test_slot_axis_none_accepts_non_padding_policies(registry_api: Any, policy: str) -> None:
+    slot = registry_api.GraphSlot(
+        "x", _tokens, torch.int64, axis="none", padding_policy=registry_api.PaddingPolicy[policy]
     )
     assert slot.axis == "none"
 
 
 @pytest.mark.clause("REG-6")
-def test_slice_for_is_a_view_of_the_padded_prefix(api: Any, device: Any) -> None:
+def test_slice_for_is_a_view_of_the_padded_prefix(registry_api: Any, device: Any) -> None:
     where = device.device
-    reg = api.CudaGraphBufferRegistry(where, 4, 8)
-    tok = reg.register_slot(api.GraphSlot("t", _tokens, torch.int64))
-    bs = reg.register_slot(api.GraphSlot("b", _bs, torch.int64, axis="bs"))
+    reg = registry_api.CudaGraphBufferRegistry(where, 4, 8)
+    tok = reg.register_slot(registry_api.GraphSlot("t", _tokens, torch.int64))
+    bs = reg.register_slot(registry_api.GraphSlot("b", _bs, torch.int64, axis="bs"))
     cols = reg.register_slot(
-        api.GraphSlot("m", lambda b, t: (3, t), torch.int64, slice_fn=lambda buf, n: buf[:, :n])
+        registry_api.GraphSlot(
+            "m", lambda b, t: (3, t), torch.int64, slice_fn=lambda buf, n: buf[:, :n]
+        )
     )
-    whole = reg.register_slot(api.GraphSlot("w", lambda b, t: (5,), torch.int64, axis="none"))
+    whole = reg.register_slot(
+        registry_api.GraphSlot("w", lambda b, t: (5,), torch.int64, axis="none")
+    )
     for slot, shape in ((tok, (6,)), (bs, (3,)), (cols, (3, 6)), (whole, (5,))):
         view = slot.slice_for(3, 6)
         assert tuple(view.shape) == shape, f"{slot.name}: shape {tuple(view.shape)} != {shape}"
@@ -97,26 +101,28 @@ def test_slice_for_is_a_view_of_the_padded_prefix(api: Any, device: Any) -> None
 
 
 @pytest.mark.clause("REG-6", "REG-12")
-def test_slice_for_without_buffer_raises(api: Any, device: Any) -> None:
+def test_slice_for_without_buffer_raises(registry_api: Any, device: Any) -> None:
     where = device.device
     with pytest.raises(RuntimeError):
-        api.GraphSlot("x", _tokens, torch.int64).slice_for(1, 1)
-    reg = api.CudaGraphBufferRegistry(where, 2, 2)
-    slot = reg.register_slot(api.GraphSlot("off", _tokens, torch.int64, enabled=False))
+        registry_api.GraphSlot("x", _tokens, torch.int64).slice_for(1, 1)
+    reg = registry_api.CudaGraphBufferRegistry(where, 2, 2)
+    slot = reg.register_slot(registry_api.GraphSlot("off", _tokens, torch.int64, enabled=False))
     with pytest.raises(RuntimeError):
         slot.slice_for(1, 1)
 
 
 @pytest.mark.clause("REG-6")
-def test_slice_fn_must_cut_one_dimension(api: Any, device: Any) -> None:
+def test_slice_fn_must_cut_one_dimension(registry_api: Any, device: Any) -> None:
     where = device.device
-    reg = api.CudaGraphBufferRegistry(where, 2, 4)
-    bad = api.GraphSlot(
+    reg = registry_api.CudaGraphBufferRegistry(where, 2, 4)
+    bad = registry_api.GraphSlot(
         "bad", lambda b, t: (3, t), torch.int64, slice_fn=lambda buf, n: buf[:n, :n]
     )
     with pytest.raises(ValueError):
         reg.register_slot(bad)
-    copy = api.GraphSlot("copy", _tokens, torch.int64, slice_fn=lambda buf, n: buf[:n].clone())
+    copy = registry_api.GraphSlot(
+        "copy", _tokens, torch.int64, slice_fn=lambda buf, n: buf[:n].clone()
+    )
     with pytest.raises(ValueError):
         reg.register_slot(copy)
 
@@ -125,29 +131,31 @@ def test_slice_fn_must_cut_one_dimension(api: Any, device: Any) -> None:
 
 
 @pytest.mark.clause("REG-2")
-def test_registration_initialises_buffers_per_policy(api: Any, device: Any) -> None:
+def test_registration_initialises_buffers_per_policy(registry_api: Any, device: Any) -> None:
     where = device.device
-    reg = api.CudaGraphBufferRegistry(where, 3, 5)
+    reg = registry_api.CudaGraphBufferRegistry(where, 3, 5)
     zero = reg.register_slot(
-        api.GraphSlot("z", _tokens, torch.int32, padding_policy=api.PaddingPolicy.ZERO)
+        registry_api.GraphSlot(
+            "z", _tokens, torch.int32, padding_policy=registry_api.PaddingPolicy.ZERO
+        )
     )
     sent = reg.register_slot(
-        api.GraphSlot(
+        registry_api.GraphSlot(
             "s",
             _bs,
             torch.int64,
             axis="bs",
-            padding_policy=api.PaddingPolicy.FILL_SENTINEL,
+            padding_policy=registry_api.PaddingPolicy.FILL_SENTINEL,
             pad_value=9,
         )
     )
     once = reg.register_slot(
-        api.GraphSlot(
+        registry_api.GraphSlot(
             "o",
             _bs,
             torch.bool,
             axis="bs",
-            padding_policy=api.PaddingPolicy.FILL_ONCE,
+            padding_policy=registry_api.PaddingPolicy.FILL_ONCE,
             pad_value=True,
         )
     )
@@ -155,13 +163,13 @@ def test_registration_initialises_buffers_per_policy(api: Any, device: Any) -> N
     assert sent.buffer.tolist() == [9, 9, 9]
     assert once.buffer.tolist() == [True] * 3
     with pytest.raises(ValueError):
-        reg.register_slot(api.GraphSlot("z", _tokens, torch.int32))
+        reg.register_slot(registry_api.GraphSlot("z", _tokens, torch.int32))
 
 
 @pytest.mark.clause("REG-2")
-def test_buffers_never_move_across_fills(api: Any, device: Any) -> None:
+def test_buffers_never_move_across_fills(registry_api: Any, device: Any) -> None:
     where = device.device
-    reg = api.build_decode_registry(
+    reg = registry_api.build_decode_registry(
         device=where,
         max_bs=4,
         max_num_token=8,
@@ -178,11 +186,11 @@ def test_buffers_never_move_across_fills(api: Any, device: Any) -> None:
 
 
 @pytest.mark.clause("REG-12")
-def test_disabled_slot_is_kept_but_inert(api: Any, device: Any) -> None:
+def test_disabled_slot_is_kept_but_inert(registry_api: Any, device: Any) -> None:
     where = device.device
-    reg = api.CudaGraphBufferRegistry(where, 2, 4)
-    reg.register_slot(api.GraphSlot("on", _tokens, torch.int64))
-    off = reg.register_slot(api.GraphSlot("off", _tokens, torch.int64, enabled=False))
+    reg = registry_api.CudaGraphBufferRegistry(where, 2, 4)
+    reg.register_slot(registry_api.GraphSlot("on", _tokens, torch.int64))
+    off = reg.register_slot(registry_api.GraphSlot("off", _tokens, torch.int64, enabled=False))
     assert reg.get_slot("off") is off and off.buffer is None
     assert not reg.has_slot("off") and reg.has_slot("on")
     assert reg.slot_names() == ["on"]
@@ -194,25 +202,25 @@ def test_disabled_slot_is_kept_but_inert(api: Any, device: Any) -> None:
 
 
 @pytest.mark.clause("REG-11")
-def test_bind_adopts_after_checks_and_never_refills(api: Any, device: Any) -> None:
+def test_bind_adopts_after_checks_and_never_refills(registry_api: Any, device: Any) -> None:
     where = device.device
-    reg = api.CudaGraphBufferRegistry(where, 3, 4, share_pool=True)
-    api.clear_input_buffer_pool()
+    reg = registry_api.CudaGraphBufferRegistry(where, 3, 4, share_pool=True)
+    registry_api.clear_input_buffer_pool()
     mine = torch.full((3,), 5, dtype=torch.int64, device=where)
-    slot = api.GraphSlot(
+    slot = registry_api.GraphSlot(
         "sl",
         _bs,
         torch.int64,
         axis="bs",
-        padding_policy=api.PaddingPolicy.FILL_SENTINEL,
+        padding_policy=registry_api.PaddingPolicy.FILL_SENTINEL,
         pad_value=1,
     )
     reg.register_slot(slot, bind=mine)
     assert slot.buffer is mine and mine.tolist() == [5, 5, 5]
     # Never pooled: a later pooled request for the same key gets its own canonical buffer.
-    other = api.share_input_buffer("sl", torch.zeros(3, dtype=torch.int64, device=where))
+    other = registry_api.share_input_buffer("sl", torch.zeros(3, dtype=torch.int64, device=where))
     assert other.data_ptr() != mine.data_ptr()
-    api.clear_input_buffer_pool()
+    registry_api.clear_input_buffer_pool()
     for bad, exc in (
         (torch.zeros(4, dtype=torch.int64, device=where), ValueError),
         (torch.zeros(3, dtype=torch.int32, device=where), ValueError),
@@ -220,8 +228,8 @@ def test_bind_adopts_after_checks_and_never_refills(api: Any, device: Any) -> No
         ([0, 0, 0], TypeError),
     ):
         with pytest.raises(exc):
-            api.CudaGraphBufferRegistry(where, 3, 4).register_slot(
-                api.GraphSlot("sl", _bs, torch.int64, axis="bs"), bind=bad
+            registry_api.CudaGraphBufferRegistry(where, 3, 4).register_slot(
+                registry_api.GraphSlot("sl", _bs, torch.int64, axis="bs"), bind=bad
             )
 
 
@@ -240,22 +248,24 @@ def test_bind_adopts_after_checks_and_never_refills(api: Any, device: Any) -> No
     ],
     ids=["bs-raw>padded", "tok-raw>padded", "bs>max", "tok>max", "negative"],
 )
-def test_fill_rejects_bad_sizes(api: Any, device: Any, sizes: dict) -> None:
+def test_fill_rejects_bad_sizes(registry_api: Any, device: Any, sizes: dict) -> None:
     where = device.device
-    reg = api.CudaGraphBufferRegistry(where, 4, 8)
-    reg.register_slot(api.GraphSlot("x", _tokens, torch.int64))
+    reg = registry_api.CudaGraphBufferRegistry(where, 4, 8)
+    reg.register_slot(registry_api.GraphSlot("x", _tokens, torch.int64))
     with pytest.raises(ValueError):
         reg.fill_from(SimpleNamespace(), **sizes)
 
 
 @pytest.mark.clause("REG-7")
-def test_rejected_fill_writes_nothing(api: Any, device: Any) -> None:
+def test_rejected_fill_writes_nothing(registry_api: Any, device: Any) -> None:
     where = device.device
-    reg = api.CudaGraphBufferRegistry(where, 4, 8)
+    reg = registry_api.CudaGraphBufferRegistry(where, 4, 8)
     zero = reg.register_slot(
-        api.GraphSlot("a", _tokens, torch.int64, padding_policy=api.PaddingPolicy.ZERO)
+        registry_api.GraphSlot(
+            "a", _tokens, torch.int64, padding_policy=registry_api.PaddingPolicy.ZERO
+        )
     )
-    fine = reg.register_slot(api.GraphSlot("b", _tokens, torch.int64))
+    fine = reg.register_slot(registry_api.GraphSlot("b", _tokens, torch.int64))
     reg.fill_from(
         SimpleNamespace(a=torch.arange(8) + 1, b=torch.arange(8) + 1),
         raw_bs=0,
@@ -271,10 +281,12 @@ def test_rejected_fill_writes_nothing(api: Any, device: Any) -> None:
 
 
 @pytest.mark.clause("REG-7")
-def test_source_fn_source_longer_than_buffer_is_rejected(api: Any, device: Any) -> None:
+def test_source_fn_source_longer_than_buffer_is_rejected(registry_api: Any, device: Any) -> None:
     where = device.device
-    reg = api.CudaGraphBufferRegistry(where, 2, 4)
-    reg.register_slot(api.GraphSlot("x", _tokens, torch.int64, source_fn=lambda fb, ctx: fb.long))
+    reg = registry_api.CudaGraphBufferRegistry(where, 2, 4)
+    reg.register_slot(
+        registry_api.GraphSlot("x", _tokens, torch.int64, source_fn=lambda fb, ctx: fb.long)
+    )
     with pytest.raises(ValueError):
         reg.fill_from(
             SimpleNamespace(long=torch.arange(5)),
@@ -286,11 +298,13 @@ def test_source_fn_source_longer_than_buffer_is_rejected(api: Any, device: Any) 
 
 
 @pytest.mark.clause("REG-5")
-def test_source_fn_fills_source_length_prefix_and_none_skips(api: Any, device: Any) -> None:
+def test_source_fn_fills_source_length_prefix_and_none_skips(
+    registry_api: Any, device: Any
+) -> None:
     where = device.device
-    reg = api.CudaGraphBufferRegistry(where, 2, 6)
+    reg = registry_api.CudaGraphBufferRegistry(where, 2, 6)
     slot = reg.register_slot(
-        api.GraphSlot("x", _tokens, torch.int64, source_fn=lambda fb, ctx: fb.src)
+        registry_api.GraphSlot("x", _tokens, torch.int64, source_fn=lambda fb, ctx: fb.src)
     )
     reg.fill_from(
         SimpleNamespace(src=torch.tensor([4, 5, 6, 7])),
@@ -307,9 +321,9 @@ def test_source_fn_fills_source_length_prefix_and_none_skips(api: Any, device: A
 
 
 @pytest.mark.clause("REG-5")
-def test_copies_are_grouped_per_dtype_pair(api: Any, device: Any) -> None:
+def test_copies_are_grouped_per_dtype_pair(registry_api: Any, device: Any) -> None:
     where = device.device
-    reg = api.build_decode_registry(
+    reg = registry_api.build_decode_registry(
         device=where,
         max_bs=4,
         max_num_token=8,
@@ -338,11 +352,11 @@ def test_copies_are_grouped_per_dtype_pair(api: Any, device: Any) -> None:
 
 
 @pytest.mark.clause("REG-5")
-def test_host_destinations_are_copied_after_device_groups(api: Any) -> None:
+def test_host_destinations_are_copied_after_device_groups(registry_api: Any) -> None:
     # A "meta" registry stands in for an accelerator: its host slot must be copied last.
-    reg = api.CudaGraphBufferRegistry("meta", 2, 4)
-    reg.register_slot(api.GraphSlot("host", _bs, torch.int64, axis="bs", device="cpu"))
-    reg.register_slot(api.GraphSlot("dev", _tokens, torch.int64))
+    reg = registry_api.CudaGraphBufferRegistry("meta", 2, 4)
+    reg.register_slot(registry_api.GraphSlot("host", _bs, torch.int64, axis="bs", device="cpu"))
+    reg.register_slot(registry_api.GraphSlot("dev", _tokens, torch.int64))
     fb = SimpleNamespace(host=torch.arange(2), dev=torch.empty(3, dtype=torch.int64, device="meta"))
     with _OpLog() as log:
         reg.fill_from(fb, raw_bs=2, padded_bs=2, raw_num_tokens=3, padded_num_tokens=3)
@@ -351,25 +365,31 @@ def test_host_destinations_are_copied_after_device_groups(api: Any) -> None:
 
 
 @pytest.mark.clause("REG-4")
-def test_phases_run_in_order_and_hooks_in_registration_order(api: Any, device: Any) -> None:
+def test_phases_run_in_order_and_hooks_in_registration_order(
+    registry_api: Any, device: Any
+) -> None:
     where = device.device
     seen: list[tuple[str, list[int]]] = []
 
     def hook(buf: torch.Tensor, fb: object, ctx: Any) -> None:
         seen.append((f"{ctx.raw_num_tokens}/{ctx.padded_num_tokens}", buf.tolist()))
 
-    reg = api.CudaGraphBufferRegistry(where, 1, 4)
+    reg = registry_api.CudaGraphBufferRegistry(where, 1, 4)
     reg.register_slot(
-        api.GraphSlot(
-            "a", _tokens, torch.int64, padding_policy=api.PaddingPolicy.ZERO, post_fill=hook
+        registry_api.GraphSlot(
+            "a",
+            _tokens,
+            torch.int64,
+            padding_policy=registry_api.PaddingPolicy.ZERO,
+            post_fill=hook,
         )
     )
     reg.register_slot(
-        api.GraphSlot(
+        registry_api.GraphSlot(
             "b",
             _tokens,
             torch.int64,
-            padding_policy=api.PaddingPolicy.FILL_SENTINEL,
+            padding_policy=registry_api.PaddingPolicy.FILL_SENTINEL,
             pad_value=-1,
             post_fill=hook,
         )
@@ -394,13 +414,15 @@ class _Batch:
 
 
 @pytest.mark.clause("REG-8")
-def test_extract_buffer_returns_new_batch_of_views(api: Any, device: Any) -> None:
+def test_extract_buffer_returns_new_batch_of_views(registry_api: Any, device: Any) -> None:
     where = device.device
-    reg = api.CudaGraphBufferRegistry(where, 4, 8)
-    ids = reg.register_slot(api.GraphSlot("input_ids", _tokens, torch.int64))
-    reg.register_slot(api.GraphSlot("positions", _tokens, torch.int64))
-    comp = reg.register_slot(api.GraphSlot("computed", _tokens, torch.int64, copy_from_fb=False))
-    reg.register_slot(api.GraphSlot("sub.field", _tokens, torch.int64))
+    reg = registry_api.CudaGraphBufferRegistry(where, 4, 8)
+    ids = reg.register_slot(registry_api.GraphSlot("input_ids", _tokens, torch.int64))
+    reg.register_slot(registry_api.GraphSlot("positions", _tokens, torch.int64))
+    comp = reg.register_slot(
+        registry_api.GraphSlot("computed", _tokens, torch.int64, copy_from_fb=False)
+    )
+    reg.register_slot(registry_api.GraphSlot("sub.field", _tokens, torch.int64))
     template = _Batch(batch_size=2, input_ids=torch.arange(3), positions=None)
     out = reg.extract_buffer(padded_bs=4, padded_num_tokens=6, forward_batch_template=template)
     assert out is not template and template.batch_size == 2
@@ -433,9 +455,9 @@ def _table(reg: Any) -> dict[str, tuple]:
 
 
 @pytest.mark.clause("REG-9")
-def test_decode_registry_slot_table(api: Any, device: Any) -> None:
+def test_decode_registry_slot_table(registry_api: Any, device: Any) -> None:
     where = device.device
-    reg = api.build_decode_registry(
+    reg = registry_api.build_decode_registry(
         device=where,
         max_bs=2,
         max_num_token=4,
@@ -449,23 +471,23 @@ def test_decode_registry_slot_table(api: Any, device: Any) -> None:
     )
     i64, i32, dev = torch.int64, torch.int32, where.type
     assert _table(reg) == {
-        "input_ids": ("tokens", i64, api.PaddingPolicy.FOREACH_COPY, dev, (4,)),
-        "positions": ("tokens", i64, api.PaddingPolicy.ZERO, dev, (4,)),
-        "out_cache_loc": ("tokens", i32, api.PaddingPolicy.ZERO, dev, (4,)),
-        "req_pool_indices": ("bs", i64, api.PaddingPolicy.ZERO, dev, (2,)),
-        "seq_lens": ("bs", i64, api.PaddingPolicy.FILL_SENTINEL, dev, (2,)),
-        "seq_lens_cpu": ("bs", i64, api.PaddingPolicy.FILL_SENTINEL, "cpu", (2,)),
-        "mrope_positions": ("tokens", i64, api.PaddingPolicy.ZERO, dev, (3, 4)),
-        "out_cache_loc_swa": ("tokens", i32, api.PaddingPolicy.ZERO, dev, (4,)),
-        "mamba_track_indices": ("bs", i64, api.PaddingPolicy.ZERO, dev, (2,)),
-        "mamba_track_mask": ("bs", torch.bool, api.PaddingPolicy.ZERO, dev, (2,)),
-        "encoder_lens": ("bs", i32, api.PaddingPolicy.FILL_ONCE, dev, (2,)),
+        "input_ids": ("tokens", i64, registry_api.PaddingPolicy.FOREACH_COPY, dev, (4,)),
+        "positions": ("tokens", i64, registry_api.PaddingPolicy.ZERO, dev, (4,)),
+        "out_cache_loc": ("tokens", i32, registry_api.PaddingPolicy.ZERO, dev, (4,)),
+        "req_pool_indices": ("bs", i64, registry_api.PaddingPolicy.ZERO, dev, (2,)),
+        "seq_lens": ("bs", i64, registry_api.PaddingPolicy.FILL_SENTINEL, dev, (2,)),
+        "seq_lens_cpu": ("bs", i64, registry_api.PaddingPolicy.FILL_SENTINEL, "cpu", (2,)),
+        "mrope_positions": ("tokens", i64, registry_api.PaddingPolicy.ZERO, dev, (3, 4)),
+        "out_cache_loc_swa": ("tokens", i32, registry_api.PaddingPolicy.ZERO, dev, (4,)),
+        "mamba_track_indices": ("bs", i64, registry_api.PaddingPolicy.ZERO, dev, (2,)),
+        "mamba_track_mask": ("bs", torch.bool, registry_api.PaddingPolicy.ZERO, dev, (2,)),
+        "encoder_lens": ("bs", i32, registry_api.PaddingPolicy.FILL_ONCE, dev, (2,)),
     }
     assert reg.get_slot("seq_lens").buffer.tolist() == [7, 7]
     assert reg.get_slot("seq_lens_cpu").buffer.device.type == "cpu"
     assert reg.get_slot("encoder_lens").buffer.tolist() == [3, 3]
     assert reg.get_slot("mrope_positions").slice_for(1, 2).shape == (3, 2)
-    plain = api.build_decode_registry(
+    plain = registry_api.build_decode_registry(
         device=where,
         max_bs=2,
         max_num_token=4,
@@ -477,9 +499,9 @@ def test_decode_registry_slot_table(api: Any, device: Any) -> None:
 
 
 @pytest.mark.clause("REG-10")
-def test_prefill_registry_slot_table(api: Any, device: Any) -> None:
+def test_prefill_registry_slot_table(registry_api: Any, device: Any) -> None:
     where = device.device
-    reg = api.build_prefill_registry(
+    reg = registry_api.build_prefill_registry(
         device=where,
         max_bs=2,
         max_num_token=4,
@@ -493,19 +515,19 @@ def test_prefill_registry_slot_table(api: Any, device: Any) -> None:
     )
     i64, dev = torch.int64, where.type
     assert _table(reg) == {
-        "input_ids": ("tokens", i64, api.PaddingPolicy.ZERO, dev, (4,)),
-        "positions": ("tokens", i64, api.PaddingPolicy.ZERO, dev, (4,)),
-        "out_cache_loc": ("tokens", i64, api.PaddingPolicy.ZERO, dev, (4,)),
-        "out_cache_loc_swa": ("tokens", torch.int32, api.PaddingPolicy.ZERO, dev, (4,)),
-        "mrope_positions": ("tokens", i64, api.PaddingPolicy.ZERO, dev, (3, 4)),
-        "input_embeds": ("tokens", torch.float32, api.PaddingPolicy.ZERO, dev, (4, 3)),
-        "mamba_track_indices": ("bs", i64, api.PaddingPolicy.FOREACH_COPY, dev, (2,)),
-        "mamba_track_mask": ("bs", torch.bool, api.PaddingPolicy.FOREACH_COPY, dev, (2,)),
+        "input_ids": ("tokens", i64, registry_api.PaddingPolicy.ZERO, dev, (4,)),
+        "positions": ("tokens", i64, registry_api.PaddingPolicy.ZERO, dev, (4,)),
+        "out_cache_loc": ("tokens", i64, registry_api.PaddingPolicy.ZERO, dev, (4,)),
+        "out_cache_loc_swa": ("tokens", torch.int32, registry_api.PaddingPolicy.ZERO, dev, (4,)),
+        "mrope_positions": ("tokens", i64, registry_api.PaddingPolicy.ZERO, dev, (3, 4)),
+        "input_embeds": ("tokens", torch.float32, registry_api.PaddingPolicy.ZERO, dev, (4, 3)),
+        "mamba_track_indices": ("bs", i64, registry_api.PaddingPolicy.FOREACH_COPY, dev, (2,)),
+        "mamba_track_mask": ("bs", torch.bool, registry_api.PaddingPolicy.FOREACH_COPY, dev, (2,)),
     }
     assert not reg.get_slot("input_embeds").copy_from_fb
     for bad in (dict(hidden_size=0, embed_dtype=torch.float32), dict(hidden_size=4)):
         with pytest.raises(ValueError):
-            api.build_prefill_registry(
+            registry_api.build_prefill_registry(
                 device=where,
                 max_bs=1,
                 max_num_token=2,
@@ -516,9 +538,9 @@ def test_prefill_registry_slot_table(api: Any, device: Any) -> None:
 
 
 @pytest.mark.clause("REG-11")
-def test_builders_bind_to_source_fields(api: Any, device: Any) -> None:
+def test_builders_bind_to_source_fields(registry_api: Any, device: Any) -> None:
     where = device.device
-    src = api.build_decode_registry(
+    src = registry_api.build_decode_registry(
         device=where,
         max_bs=2,
         max_num_token=4,
@@ -528,7 +550,7 @@ def test_builders_bind_to_source_fields(api: Any, device: Any) -> None:
     )
     fields = SimpleNamespace(**{n: src.get_slot(n).buffer for n in src.slot_names()})
     fields.seq_lens.fill_(42)
-    bound = api.build_decode_registry(
+    bound = registry_api.build_decode_registry(
         device=where,
         max_bs=2,
         max_num_token=4,
@@ -541,7 +563,7 @@ def test_builders_bind_to_source_fields(api: Any, device: Any) -> None:
     assert fields.seq_lens.tolist() == [42, 42], "a bound tensor must not be re-filled"
     del fields.positions
     with pytest.raises(ValueError):
-        api.build_decode_registry(
+        registry_api.build_decode_registry(
             device=where,
             max_bs=2,
             max_num_token=4,

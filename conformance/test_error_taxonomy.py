@@ -55,12 +55,3 @@ def test_fields_survive_pickling() -> None:
     unjoined = pickle.loads(pickle.dumps(spec.UnjoinedStream(("s1", "s2"))))
     assert unjoined.streams == ("s1", "s2")
     assert pickle.loads(pickle.dumps(spec.UnsupportedInCapture("aten.rand"))).op == "aten.rand"
-
-
-def test_clause_registry_rejects_duplicates_and_bad_ids() -> None:
-    with pytest.raises(ValueError):
-        spec.define("t", [("REG-1", "again")])
-    with pytest.raises(ValueError):
-        spec.define("t", [("reg1", "bad id")])
-    with pytest.raises(KeyError):
-        spec.get_clause("NOPE-1")

@@ -1,0 +1,73 @@
+"""``python -m conformance``: run the suite against a backend and write the clause report.
+
+Usage::
+
+    python -m conformance [--backend NAME] [--report-dir DIR] [--xfail-file PATH] [-- PYTEST_ARGS]
+
+``NAME`` is ``fake`` (the default, or ``$CONFORMANCE_BACKEND``), ``cuda``, or ``module:factory``
+for a third party's adapter. The report (``conformance.md``, ``conformance.json``) goes to
+``DIR`` (``reports/`` by default) and a clause summary is printed. The exit status is pytest's
+(run in a fresh interpreter). A backend that cannot be loaded is one error line and exit
+status 2, before any test runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from ._backend import load_backend
+from .plugin import DEFAULT_BACKEND, ENV_VAR
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m conformance",
+        description="Run the conformance suite against a backend; write the clause report.",
+    )
+    parser.add_argument(
+        "--backend",
+        default=os.environ.get(ENV_VAR) or DEFAULT_BACKEND,
+        metavar="NAME",
+        help=f"'fake', 'cuda' or 'module:factory' (default: ${ENV_VAR}, else "
+        f"'{DEFAULT_BACKEND}')",
+    )
+    parser.add_argument(
+        "--report-dir", default="reports", metavar="DIR", help="where the report goes (reports/)"
+    )
+    parser.add_argument(
+        "--xfail-file", default=None, metavar="PATH", help="known failures of the backend"
+    )
+    parser.add_argument(
+        "pytest_args", nargs=argparse.REMAINDER, help="after '--': passed on to pytest"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        load_backend(args.backend)
+    except Exception as error:  # one line, not a traceback wall
+        print(f"conformance: error: --backend {args.backend}: {error}", file=sys.stderr)
+        return 2
+    extra = [a for a in args.pytest_args if a != "--"]
+    command = [
+        sys.executable, "-m", "pytest",
+        "-p", "conformance.plugin",
+        "--pyargs", "conformance",
+        f"--backend={args.backend}",
+        f"--report-dir={args.report_dir}",
+        "-q",
+        *([f"--xfail-file={args.xfail_file}"] if args.xfail_file else []),
+        *extra,
+    ]
+    # A fresh interpreter: this one already imported the package, which pytest would then
+    # refuse to assertion-rewrite.
+    return subprocess.call(command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

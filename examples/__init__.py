@@ -1,0 +1,1 @@
+"""Examples of using the conformance suite from outside the project (not packaged)."""
