@@ -14,15 +14,15 @@ from ._isolation import ErrorInfo, Outcome, run_scenario
 from ._report import ClauseStatus, TestOutcome
 
 __all__ = [
-    "BREAKABLE_NAMES",
-    "REGISTRY_NAMES",
     "Adapter",
+    "BREAKABLE_NAMES",
     "Backend",
     "Capability",
     "ClauseStatus",
     "ErrorInfo",
     "Outcome",
     "Part",
+    "REGISTRY_NAMES",
     "TestOutcome",
     "load_backend",
     "run_scenario",

@@ -60,6 +60,8 @@ class Backend:
             CUDA poison the context) in a fresh subprocess, as PyTorch's own tests do.
         registry, breakable, runners: the implementation parts under test (``None``: not
             provided; tests needing the part are skipped with the reason).
+        label: the name reports show (an adapter's own name); ``name`` stays the ``--backend``
+            value, from which a subprocess rebuilds the backend.
 
     The device module is built on first use of :attr:`device` and shared by the whole run.
     """
@@ -74,6 +76,7 @@ class Backend:
         registry: Any = None,
         breakable: Any = None,
         runners: Any = None,
+        label: str | None = None,
     ) -> None:
         caps = frozenset(capabilities)
         unknown = caps - CAPABILITIES
@@ -85,6 +88,7 @@ class Backend:
         if not callable(factory):
             raise TypeError(f"factory of backend {name!r} must be callable, got {factory!r}")
         self.name = name
+        self.label = label or name
         self.factory = factory
         self.capabilities = caps
         self.isolate_failures = bool(isolate_failures)
@@ -95,15 +99,17 @@ class Backend:
 
     @classmethod
     def from_adapter(cls, name: str, adapter: Adapter) -> Backend:
-        """The backend for a third party's :class:`Adapter` (named ``adapter.name`` or ``name``)."""
+        """The backend for a third party's :class:`Adapter`; ``name`` is the ``--backend`` value,
+        ``adapter.name`` (if any) the label reports show."""
         return cls(
-            adapter.name or name,
+            name,
             adapter.device,
             adapter.capabilities,
             isolate_failures=adapter.isolate_failures,
             registry=adapter.registry,
             breakable=adapter.breakable,
             runners=adapter.runners,
+            label=adapter.name,
         )
 
     def parts(self) -> tuple[str, ...]:

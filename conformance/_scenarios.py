@@ -3,6 +3,11 @@
 Each is ``scenario(device, *json_args) -> JSON-able``, importable by name so that an isolated
 child process can run it. They return what the tests assert on (error descriptions, flags) and
 raise :class:`ScenarioMismatch` when a replay disagrees with the eager computation.
+
+Breakable scenarios take a :func:`backend_ref` after the device (the backend's name: an API
+object cannot cross into a subprocess, a name can) and get the breakable API under test from it
+with :func:`breakable_api_for`: in the test's process from the run's backend itself, in an
+isolated child from the backend rebuilt by name, as the child rebuilds its device.
 """
 
 from __future__ import annotations
@@ -16,13 +21,16 @@ import torch
 import impl
 from spec import DeviceModule
 
+from ._backend import Backend, load_backend
 from ._isolation import describe_error
 from .mutants import capture_class
 
 __all__ = [
     "CAPTURE_FAILURES",
     "ScenarioMismatch",
+    "backend_ref",
     "break_inputs_across_sizes",
+    "breakable_api_for",
     "breakable_failure",
     "capture_failure",
     "fork_across_break",
@@ -48,6 +56,30 @@ def expect_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) -> Non
 
 def _full(device: DeviceModule, n: int, value: float) -> torch.Tensor:
     return torch.full((n,), value, device=device.device)
+
+
+def breakable_api_for(backend: Backend) -> Any:
+    """The breakable-graph API under test on ``backend``: the adapter's part, else ``impl``."""
+    return getattr(backend, "breakable", None) or impl
+
+
+_BACKENDS: dict[str, Backend] = {}
+"""The backends this process has handed to breakable scenarios, by name."""
+
+
+def backend_ref(backend: Backend) -> str:
+    """What a breakable scenario is given to find ``backend``: its name. In this process the
+    scenario gets the very object back; an isolated child rebuilds it from the name
+    (:func:`conformance.load_backend`), as it rebuilds the device."""
+    _BACKENDS.setdefault(backend.name, backend)
+    return backend.name
+
+
+def _breakable_api(backend_name: str) -> Any:
+    """:func:`breakable_api_for` the backend that :func:`backend_ref` named ``backend_name``."""
+    if backend_name not in _BACKENDS:  # an isolated child: rebuild it once, from the name
+        _BACKENDS[backend_name] = load_backend(backend_name)
+    return breakable_api_for(_BACKENDS[backend_name])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,15 +197,17 @@ def capture_failure(device: DeviceModule, case: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-def breakable_failure(device: DeviceModule, case: str) -> dict[str, Any]:
+def breakable_failure(device: DeviceModule, backend_name: str, case: str) -> dict[str, Any]:
     """A breakable capture that fails ``case``-wise (``user_error_in_segment``,
-    ``user_error_in_break``, ``sync_in_segment``); report the error and the state afterwards,
+    ``user_error_in_break``, ``sync_in_segment``) with the breakable API of the backend
+    ``backend_name`` (from :func:`backend_ref`); report the error and the state afterwards,
     then check that the graph captures and replays correctly after ``reset()``."""
+    api = _breakable_api(backend_name)
     hook_before = device.Stream.__dict__.get("wait_stream")
     x = torch.arange(4, dtype=torch.float32, device=device.device)
     fail = {"case": case}
 
-    @impl.eager_on_graph()
+    @api.eager_on_graph()
     def double(h: torch.Tensor) -> torch.Tensor:
         if fail["case"] == "user_error_in_break":
             raise _UserError("break body failed")
@@ -187,10 +221,10 @@ def breakable_failure(device: DeviceModule, case: str) -> dict[str, Any]:
             device.synchronize()
         return y * 3
 
-    graph = impl.BreakableCUDAGraph(device)
+    graph = api.BreakableCUDAGraph(device)
     error: BaseException | None = None
     try:
-        with impl.BreakableCUDAGraphCapture(graph):
+        with api.BreakableCUDAGraphCapture(graph):
             model()
     except Exception as exc:
         error = exc
@@ -203,7 +237,7 @@ def breakable_failure(device: DeviceModule, case: str) -> dict[str, Any]:
         "error": describe_error(error),
         "replay_error": describe_error(replay_error),
         "hook_restored": device.Stream.__dict__.get("wait_stream") is hook_before,
-        "switch_off": not impl.is_in_breakable_cuda_graph(),
+        "switch_off": not api.is_in_breakable_cuda_graph(),
         "capturing_after": device.is_current_stream_capturing(),
     }
     # A decorated call after the failure is a plain call again (no capture left active).
@@ -211,7 +245,7 @@ def breakable_failure(device: DeviceModule, case: str) -> dict[str, Any]:
     fail["case"] = "none"
     state["plain_call_after"] = bool(torch.equal(double(probe), probe * 2))
     graph.reset()
-    with impl.BreakableCUDAGraphCapture(graph):
+    with api.BreakableCUDAGraphCapture(graph):
         out = model()
     host = torch.tensor([5.0, 6.0, 7.0, 8.0])
     x.copy_(host)
@@ -225,6 +259,18 @@ def breakable_failure(device: DeviceModule, case: str) -> dict[str, Any]:
 # Regressions with mutants (BCG-7, BCG-9)
 # ---------------------------------------------------------------------------------------------
 
+
+def _regression_api(backend_name: str, variant: str) -> tuple[Any, Any]:
+    """The breakable API and the capture class a regression scenario runs with: for
+    ``"reference"`` the API under test on the backend ``backend_name`` (from
+    :func:`backend_ref`; ``impl`` on the reference backends), for a mutant ``impl`` with the
+    mutant's capture class (mutants are variants of ``impl``)."""
+    if variant == "reference":
+        api = _breakable_api(backend_name)
+        return api, api.BreakableCUDAGraphCapture
+    return impl, capture_class(variant)
+
+
 _CHURN = 256  # tensors allocated to take over every freed small block of the stream
 
 
@@ -234,32 +280,32 @@ def _churn(device: DeviceModule, n: int) -> list[torch.Tensor]:
     return [_full(device, n, -7.0) for _ in range(_CHURN)]
 
 
-def break_inputs_across_sizes(device: DeviceModule, variant: str) -> dict[str, Any]:
+def break_inputs_across_sizes(
+    device: DeviceModule, backend_name: str, variant: str
+) -> dict[str, Any]:
     """Capture size A, replay A, capture size B into the same pool, replay A again: equal to
     eager (``BCG-7``). The break input ``meta`` is created eagerly per size and dropped by the
     caller right after capture; all work (capture, break bodies, replay) is on one stream, so a
     freed block is handed to the next allocation on that stream.
     """
-    capture = capture_class(variant)
+    api, capture = _regression_api(backend_name, variant)
     stream = device.Stream()
     pool = device.graph_pool_handle()
 
-    @impl.eager_on_graph()
+    @api.eager_on_graph()
     def scale(h: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
         return h * meta
 
-    def capture_size(n: int) -> tuple[impl.BreakableCUDAGraph, torch.Tensor, torch.Tensor]:
+    def capture_size(n: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
         with device.stream(stream):
             x = torch.zeros(n, device=device.device)
             meta = _full(device, n, float(n))  # per-size metadata, created eagerly
-            graph = impl.BreakableCUDAGraph(device)
+            graph = api.BreakableCUDAGraph(device)
             with capture(graph, pool=pool, stream=stream):
                 out = scale(x + 1, meta) * 2
         return graph, x, out  # meta is dropped here: only the graph may keep it
 
-    def check(
-        graph: impl.BreakableCUDAGraph, x: torch.Tensor, out: torch.Tensor, what: str
-    ) -> None:
+    def check(graph: Any, x: torch.Tensor, out: torch.Tensor, what: str) -> None:
         # Inputs and expectations are computed on the host: no allocation on the stream may
         # disturb which freed block the allocator hands out next.
         n = x.numel()
@@ -285,18 +331,20 @@ def break_inputs_across_sizes(device: DeviceModule, variant: str) -> dict[str, A
     return {"segments": graph_a.num_segments, "breaks": graph_a.num_breaks}
 
 
-def result_needed_after_later_break(device: DeviceModule, variant: str) -> dict[str, Any]:
+def result_needed_after_later_break(
+    device: DeviceModule, backend_name: str, variant: str
+) -> dict[str, Any]:
     """An eager result still needed after a later break produced a fresh result (``BCG-7``):
     ``y1`` from break 0 is read again by the last segment, after break 1 ran."""
-    capture = capture_class(variant)
+    api, capture = _regression_api(backend_name, variant)
     stream = device.Stream()
     n = 16
 
-    @impl.eager_on_graph()
+    @api.eager_on_graph()
     def times3(h: torch.Tensor) -> torch.Tensor:
         return h * 3
 
-    @impl.eager_on_graph()
+    @api.eager_on_graph()
     def times5(h: torch.Tensor) -> torch.Tensor:
         return h * 5
 
@@ -307,7 +355,7 @@ def result_needed_after_later_break(device: DeviceModule, variant: str) -> dict[
 
     with device.stream(stream):
         x = torch.zeros(n, device=device.device)
-        graph = impl.BreakableCUDAGraph(device)
+        graph = api.BreakableCUDAGraph(device)
         with capture(graph, stream=stream):
             out = model(x)
     gc.collect()
@@ -326,14 +374,14 @@ def result_needed_after_later_break(device: DeviceModule, variant: str) -> dict[
     return {"segments": graph.num_segments, "breaks": graph.num_breaks}
 
 
-def fork_across_break(device: DeviceModule, variant: str) -> dict[str, Any]:
+def fork_across_break(device: DeviceModule, backend_name: str, variant: str) -> dict[str, Any]:
     """A side stream forked in segment 0 and joined by the model only after a break
     (``BCG-9``): the capture joins it before segment 0 ends; the model's own join, now of a
     stream that no longer captures, is a no-op."""
-    capture = capture_class(variant)
+    api, capture = _regression_api(backend_name, variant)
     side = device.Stream()
 
-    @impl.eager_on_graph()
+    @api.eager_on_graph()
     def double(h: torch.Tensor) -> torch.Tensor:
         return h * 2
 
@@ -347,7 +395,7 @@ def fork_across_break(device: DeviceModule, variant: str) -> dict[str, Any]:
         return y + a
 
     x = torch.zeros(8, device=device.device)
-    graph = impl.BreakableCUDAGraph(device)
+    graph = api.BreakableCUDAGraph(device)
     with capture(graph):
         out = model(x)
     for start in (1.0, 4.0):

@@ -65,8 +65,8 @@ class ConformanceState:
                 self._backend = load_backend(self.backend_name)
             except (ValueError, TypeError, ImportError) as error:
                 raise pytest.UsageError(f"--backend {self.backend_name}: {error}") from None
-            # Third-party adapters may name themselves; keep that name for the report.
-            self.backend_name = self._backend.name
+            # Third-party adapters may name themselves; reports show that name.
+            self.backend_name = self._backend.label
         return self._backend
 
 
@@ -180,7 +180,7 @@ def registry_api(backend: Backend) -> Any:
     """The input-buffer registry API under test (``impl`` for the reference backends): an
     object with :data:`conformance.REGISTRY_NAMES`. Skips, naming the backend, when the
     backend's adapter provides no registry."""
-    return check_part(backend, "registry", backend.name)
+    return check_part(backend, "registry", backend.label)
 
 
 @pytest.fixture(scope="session")
@@ -188,7 +188,7 @@ def breakable_api(backend: Backend) -> Any:
     """The breakable-graph API under test (``impl`` for the reference backends): an object with
     :data:`conformance.BREAKABLE_NAMES`. Skips, naming the backend, when the backend's adapter
     provides no breakable graphs."""
-    return check_part(backend, "breakable", backend.name)
+    return check_part(backend, "breakable", backend.label)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,7 +231,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             lacking = [c for c in needed if not backend.has(c)]
             if lacking:
                 item.add_marker(pytest.mark.skip(
-                    reason=f"backend {backend.name!r} lacks capability {', '.join(lacking)}"
+                    reason=f"backend {backend.label!r} lacks capability {', '.join(lacking)}"
                 ))
         for pattern, reason in state.xfail:
             if _matches(item.nodeid, pattern):

@@ -1,5 +1,8 @@
 """Breakable graphs: segments and breaks, replay order, result copies, references, streams,
-nesting, the switch, pools."""
+nesting, the switch, pools.
+
+Every test runs the breakable API under test, from the ``breakable_api`` fixture (``impl`` on
+the reference backends); functions become breaks through its ``eager_on_graph``."""
 
 from __future__ import annotations
 
@@ -10,17 +13,6 @@ import weakref
 import pytest
 import torch
 
-from impl import (
-    BreakableCUDAGraph,
-    BreakableCUDAGraphCapture,
-    break_graph,
-    eager_on_graph,
-    enable_breakable_cuda_graph,
-    get_replay_id,
-    get_replay_stream,
-    is_in_breakable_cuda_graph,
-)
-
 
 def _host(t: torch.Tensor) -> list:
     return t.cpu().tolist()
@@ -30,9 +22,15 @@ def _arange(n: int, start: float = 0.0) -> torch.Tensor:
     return torch.arange(n, dtype=torch.float32) + start
 
 
-@eager_on_graph()
-def _times10(h: torch.Tensor) -> torch.Tensor:
-    return h * 10
+@pytest.fixture(scope="session")
+def times10(breakable_api):
+    """A break computing ``h * 10``, decorated by the breakable API under test."""
+
+    @breakable_api.eager_on_graph()
+    def times10(h: torch.Tensor) -> torch.Tensor:
+        return h * 10
+
+    return times10
 
 
 # ---------------------------------------------------------------------------------------------
@@ -42,13 +40,13 @@ def _times10(h: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.clause("BCG-1", "BCG-2")
 @pytest.mark.parametrize("num_breaks", [0, 1, 3])
-def test_segment_and_break_counts(device, num_breaks: int) -> None:
+def test_segment_and_break_counts(device, breakable_api, times10, num_breaks: int) -> None:
     x = torch.zeros(4, device=device.device)
-    graph = BreakableCUDAGraph(device)
-    with BreakableCUDAGraphCapture(graph):
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(graph):
         h = x + 1
         for _ in range(num_breaks):
-            h = _times10(h) + 1
+            h = times10(h) + 1
         out = h * 2
     assert (graph.num_segments, graph.num_breaks) == (num_breaks + 1, num_breaks), (
         f"expected {num_breaks + 1} segments / {num_breaks} breaks, "
@@ -65,12 +63,12 @@ def test_segment_and_break_counts(device, num_breaks: int) -> None:
 
 
 @pytest.mark.clause("BCG-1")
-def test_empty_segments_between_consecutive_breaks(device) -> None:
+def test_empty_segments_between_consecutive_breaks(device, breakable_api, times10) -> None:
     x = torch.zeros(4, device=device.device)
-    graph = BreakableCUDAGraph(device)
-    with BreakableCUDAGraphCapture(graph):
-        y = _times10(x)  # segment 0 is empty
-        z = _times10(y)  # segment 1 is empty
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(graph):
+        y = times10(x)  # segment 0 is empty
+        z = times10(y)  # segment 1 is empty
         out = z + 1
     assert (graph.num_segments, graph.num_breaks) == (3, 2)
     host = _arange(4, 1.0)
@@ -80,11 +78,11 @@ def test_empty_segments_between_consecutive_breaks(device) -> None:
 
 
 @pytest.mark.clause("BCG-2")
-def test_replay_order_is_segment_break_segment(device) -> None:
+def test_replay_order_is_segment_break_segment(device, breakable_api) -> None:
     state = torch.zeros(3, dtype=torch.int64, device=device.device)
     seen: list[list[int]] = []
 
-    @eager_on_graph()
+    @breakable_api.eager_on_graph()
     def observe(s: torch.Tensor, log: list) -> None:
         log.append(s.clone())  # what the segments before this break wrote
 
@@ -95,8 +93,8 @@ def test_replay_order_is_segment_break_segment(device) -> None:
         observe(state, seen)
         state.sub_(2)
 
-    graph = BreakableCUDAGraph(device)
-    with BreakableCUDAGraphCapture(graph):
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(graph):
         program()
     seen.clear()
     state.fill_(5)
@@ -113,17 +111,17 @@ def test_replay_order_is_segment_break_segment(device) -> None:
 
 
 @pytest.mark.clause("BCG-2", "BCG-3")
-def test_replay_runs_on_the_current_stream(device) -> None:
+def test_replay_runs_on_the_current_stream(device, breakable_api) -> None:
     seen: list[tuple[object, int | None]] = []
 
-    @eager_on_graph()
+    @breakable_api.eager_on_graph()
     def where(h: torch.Tensor) -> torch.Tensor:
-        seen.append((get_replay_stream(), get_replay_id()))
+        seen.append((breakable_api.get_replay_stream(), breakable_api.get_replay_id()))
         return h + 1
 
     x = torch.zeros(4, device=device.device)
-    graph = BreakableCUDAGraph(device)
-    with BreakableCUDAGraphCapture(graph):
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(graph):
         out = where(x * 2) * 3
     assert seen[0][1] == 0, f"the capture-time call should see replay id 0, saw {seen[0][1]}"
     seen.clear()
@@ -142,7 +140,7 @@ def test_replay_runs_on_the_current_stream(device) -> None:
     assert ids[0] is not None and ids[1] is not None and ids[0] != ids[1] and min(ids) > 0, (
         f"replay ids {ids}: expected two different positive counters"
     )
-    assert (get_replay_stream(), get_replay_id()) == (None, None)
+    assert (breakable_api.get_replay_stream(), breakable_api.get_replay_id()) == (None, None)
     assert _host(out) == _host((host * 2 + 1) * 3)
 
 
@@ -152,26 +150,26 @@ def test_replay_runs_on_the_current_stream(device) -> None:
 
 
 @pytest.mark.clause("BCG-4")
-def test_outside_capture_a_decorated_call_is_plain(device) -> None:
+def test_outside_capture_a_decorated_call_is_plain(device, breakable_api) -> None:
     calls = []
 
     def fn(t: torch.Tensor) -> torch.Tensor:
         calls.append(t)
         return t + 1
 
-    decorated = eager_on_graph()(fn)
+    decorated = breakable_api.eager_on_graph()(fn)
     t = torch.ones(2, device=device.device)
     assert _host(decorated(t)) == [2.0, 2.0]
     assert calls == [t], "the decorated function was not called exactly once, with t"
-    assert eager_on_graph(enable=False)(fn) is fn
+    assert breakable_api.eager_on_graph(enable=False)(fn) is fn
 
 
 @pytest.mark.clause("BCG-4")
-def test_disabled_decorator_records_no_break(device) -> None:
-    plain = eager_on_graph(enable=False)(lambda h: h * 10)
+def test_disabled_decorator_records_no_break(device, breakable_api) -> None:
+    plain = breakable_api.eager_on_graph(enable=False)(lambda h: h * 10)
     x = torch.zeros(4, device=device.device)
-    graph = BreakableCUDAGraph(device)
-    with BreakableCUDAGraphCapture(graph):
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(graph):
         out = plain(x + 1) + 1
     assert (graph.num_segments, graph.num_breaks) == (1, 0)
     host = _arange(4)
@@ -181,21 +179,23 @@ def test_disabled_decorator_records_no_break(device) -> None:
 
 
 @pytest.mark.clause("BCG-5")
-def test_barrier_and_capture_stub(device) -> None:
+def test_barrier_and_capture_stub(device, breakable_api) -> None:
     events: list[str] = []
 
     def stub(h: torch.Tensor) -> torch.Tensor:
         events.append("stub")
         return torch.empty_like(h)
 
-    @eager_on_graph(capture_stub=stub)
+    @breakable_api.eager_on_graph(capture_stub=stub)
     def collective(h: torch.Tensor) -> torch.Tensor:
         events.append("fn")
         return h * 4
 
     x = torch.zeros(4, device=device.device)
-    graph = BreakableCUDAGraph(device)
-    with BreakableCUDAGraphCapture(graph, barrier_fn=lambda: events.append("barrier")):
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(
+        graph, barrier_fn=lambda: events.append("barrier")
+    ):
         y = collective(x + 1)
         out = y - 1
     assert events == ["barrier", "stub"], f"capture ran {events}, expected barrier then stub"
@@ -209,13 +209,13 @@ def test_barrier_and_capture_stub(device) -> None:
 
 
 @pytest.mark.clause("BCG-13")
-def test_break_graph_splits_with_an_empty_break(device) -> None:
-    break_graph()  # outside a capture: nothing happens
+def test_break_graph_splits_with_an_empty_break(device, breakable_api) -> None:
+    breakable_api.break_graph()  # outside a capture: nothing happens
     x = torch.zeros(4, device=device.device)
-    graph = BreakableCUDAGraph(device)
-    with BreakableCUDAGraphCapture(graph):
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(graph):
         h = x + 1
-        break_graph()
+        breakable_api.break_graph()
         out = h * 2
     assert (graph.num_segments, graph.num_breaks) == (2, 1)
     host = _arange(4, 3.0)
@@ -265,14 +265,14 @@ def _unpack(kind: str, r: object) -> torch.Tensor:
 
 @pytest.mark.clause("BCG-6")
 @pytest.mark.parametrize("kind", ["tensor", "tuple", "list", "dict", "dataclass", "object"])
-def test_result_is_copied_in_place(device, kind: str) -> None:
-    @eager_on_graph()
+def test_result_is_copied_in_place(device, breakable_api, kind: str) -> None:
+    @breakable_api.eager_on_graph()
     def split(h: torch.Tensor) -> object:
         return _pack(kind, h * 2, h + 3)
 
     x = torch.zeros(4, device=device.device)
-    graph = BreakableCUDAGraph(device)
-    with BreakableCUDAGraphCapture(graph):
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(graph):
         out = _unpack(kind, split(x + 1)) + 1
     for start in (1.0, 6.0):
         host = _arange(4, start)
@@ -283,19 +283,19 @@ def test_result_is_copied_in_place(device, kind: str) -> None:
 
 
 @pytest.mark.clause("BCG-6")
-def test_result_that_is_the_destination_and_none_results(device) -> None:
-    @eager_on_graph()
+def test_result_that_is_the_destination_and_none_results(device, breakable_api) -> None:
+    @breakable_api.eager_on_graph()
     def in_place(h: torch.Tensor) -> torch.Tensor:
         return h.mul_(5)  # the result *is* the argument: nothing to copy
 
-    @eager_on_graph()
+    @breakable_api.eager_on_graph()
     def into(dest: torch.Tensor, src: torch.Tensor) -> None:
         dest.copy_(src + 100)  # writes into an argument, returns None
 
     x = torch.zeros(4, device=device.device)
     buf = torch.zeros(4, device=device.device)
-    graph = BreakableCUDAGraph(device)
-    with BreakableCUDAGraphCapture(graph):
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(graph):
         h = x + 1
         h = in_place(h)
         into(buf, h)
@@ -313,16 +313,16 @@ def test_result_that_is_the_destination_and_none_results(device) -> None:
 
 
 @pytest.mark.clause("BCG-7")
-def test_break_inputs_and_results_are_held_strongly(device) -> None:
+def test_break_inputs_and_results_are_held_strongly(device, breakable_api) -> None:
     x = torch.zeros(4, device=device.device)
     meta = torch.full((4,), 3.0, device=device.device)
 
-    @eager_on_graph()
+    @breakable_api.eager_on_graph()
     def scale(h: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         return h * m
 
-    graph = BreakableCUDAGraph(device)
-    with BreakableCUDAGraphCapture(graph):
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(graph):
         y = scale(x + 1, meta)
         out = y + 1
     refs = {"input": weakref.ref(meta), "result": weakref.ref(y)}
@@ -341,22 +341,22 @@ def test_break_inputs_and_results_are_held_strongly(device) -> None:
 
 
 @pytest.mark.clause("BCG-8")
-def test_decorated_call_inside_a_break_body_runs_inline(device) -> None:
+def test_decorated_call_inside_a_break_body_runs_inline(device, breakable_api) -> None:
     calls: list[str] = []
 
-    @eager_on_graph()
+    @breakable_api.eager_on_graph()
     def inner(h: torch.Tensor) -> torch.Tensor:
         calls.append("inner")
         return h + 1
 
-    @eager_on_graph()
+    @breakable_api.eager_on_graph()
     def outer(h: torch.Tensor) -> torch.Tensor:
         calls.append("outer")
         return inner(h) * 2
 
     x = torch.zeros(4, device=device.device)
-    graph = BreakableCUDAGraph(device)
-    with BreakableCUDAGraphCapture(graph):
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(graph):
         out = outer(x + 1) + 1
     assert graph.num_breaks == 1, f"expected one break, recorded {graph.num_breaks}"
     calls.clear()
@@ -373,19 +373,19 @@ def test_decorated_call_inside_a_break_body_runs_inline(device) -> None:
 
 
 @pytest.mark.clause("BCG-9")
-def test_fork_across_a_break_is_joined_and_hook_removed(device) -> None:
+def test_fork_across_a_break_is_joined_and_hook_removed(device, breakable_api) -> None:
     side = device.Stream()
     cls = device.Stream
     before = cls.__dict__.get("wait_stream")
     during = {}
 
-    @eager_on_graph()
+    @breakable_api.eager_on_graph()
     def double(h: torch.Tensor) -> torch.Tensor:
         return h * 2
 
     x = torch.zeros(8, device=device.device)
-    graph = BreakableCUDAGraph(device)
-    with BreakableCUDAGraphCapture(graph):
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(graph):
         during["hook"] = cls.__dict__.get("wait_stream")
         current = device.current_stream()
         side.wait_stream(current)
@@ -410,23 +410,24 @@ def test_fork_across_a_break_is_joined_and_hook_removed(device) -> None:
 
 
 @pytest.mark.clause("BCG-11")
-def test_switch_is_reentrant_and_exception_safe(device) -> None:
-    switch = enable_breakable_cuda_graph()
-    assert not is_in_breakable_cuda_graph()
+def test_switch_is_reentrant_and_exception_safe(device, breakable_api) -> None:
+    switch = breakable_api.enable_breakable_cuda_graph()
+    is_in_breakable = breakable_api.is_in_breakable_cuda_graph
+    assert not is_in_breakable()
     with switch:
         with switch:
-            assert is_in_breakable_cuda_graph()
-        assert is_in_breakable_cuda_graph(), "leaving the inner block switched it off"
-    assert not is_in_breakable_cuda_graph()
-    with pytest.raises(KeyError), enable_breakable_cuda_graph():
+            assert is_in_breakable()
+        assert is_in_breakable(), "leaving the inner block switched it off"
+    assert not is_in_breakable()
+    with pytest.raises(KeyError), breakable_api.enable_breakable_cuda_graph():
         raise KeyError("model failure")
-    assert not is_in_breakable_cuda_graph(), "an exception left the switch on"
-    graph = BreakableCUDAGraph(device)
+    assert not is_in_breakable(), "an exception left the switch on"
+    graph = breakable_api.BreakableCUDAGraph(device)
     x = torch.zeros(2, device=device.device)
-    with BreakableCUDAGraphCapture(graph):
-        inside = is_in_breakable_cuda_graph()
+    with breakable_api.BreakableCUDAGraphCapture(graph):
+        inside = is_in_breakable()
         x.add_(1)
-    assert inside and not is_in_breakable_cuda_graph()
+    assert inside and not is_in_breakable()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -435,15 +436,15 @@ def test_switch_is_reentrant_and_exception_safe(device) -> None:
 
 
 @pytest.mark.clause("BCG-12")
-def test_sizes_share_one_pool_largest_first(device) -> None:
+def test_sizes_share_one_pool_largest_first(device, breakable_api, times10) -> None:
     pool = device.graph_pool_handle()
     stream = device.Stream()
     graphs = {}
     for n in (32, 16, 8):  # largest first
         x = torch.zeros(n, device=device.device)
-        graph = BreakableCUDAGraph(device)
-        with BreakableCUDAGraphCapture(graph, pool=pool, stream=stream):
-            out = _times10(x * 2 + 1) - 1
+        graph = breakable_api.BreakableCUDAGraph(device)
+        with breakable_api.BreakableCUDAGraphCapture(graph, pool=pool, stream=stream):
+            out = times10(x * 2 + 1) - 1
         assert graph.pool() is pool, "a segment pool other than the one given"
         graphs[n] = (graph, x, out)
     for _ in range(2):
@@ -455,15 +456,15 @@ def test_sizes_share_one_pool_largest_first(device) -> None:
 
 
 @pytest.mark.clause("BCG-12")
-def test_default_pool_is_one_token_for_all_segments(device) -> None:
+def test_default_pool_is_one_token_for_all_segments(device, breakable_api, times10) -> None:
     x = torch.zeros(4, device=device.device)
-    graph = BreakableCUDAGraph(device)
-    with BreakableCUDAGraphCapture(graph):
-        out = _times10(x + 1) + 1
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(graph):
+        out = times10(x + 1) + 1
     token = graph.pool()
-    other = BreakableCUDAGraph(device)
-    with BreakableCUDAGraphCapture(other, pool=token):
-        out2 = _times10(x * 3) + 2
+    other = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(other, pool=token):
+        out2 = times10(x * 3) + 2
     host = _arange(4)
     x.copy_(host)
     graph.replay()

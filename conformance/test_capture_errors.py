@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conformance import ErrorInfo, run_scenario
-from conformance._scenarios import breakable_failure, capture_failure
+from conformance._scenarios import backend_ref, breakable_failure, capture_failure
 from spec import (
     CaptureError,
     DefaultStreamCapture,
@@ -89,6 +89,7 @@ def test_backend_failure_keeps_the_original_as_cause(backend) -> None:
 
 
 @pytest.mark.clause("BCG-10", "CAP-1")
+@pytest.mark.usefixtures("breakable_api")  # the scenario runs the backend's breakable API
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
@@ -100,7 +101,7 @@ def test_backend_failure_keeps_the_original_as_cause(backend) -> None:
 def test_breakable_capture_failure_leaves_device_usable(
     backend, case: str, expected: type[CaptureError] | None
 ) -> None:
-    outcome = run_scenario(backend, breakable_failure, case)
+    outcome = run_scenario(backend, breakable_failure, backend_ref(backend), case)
     assert outcome.error is None, f"after the failure: {outcome.describe()}\n{outcome.log}"
     state = outcome.value
     error = ErrorInfo.from_json(state["error"])

@@ -6,6 +6,11 @@ a mutant lets go of are handed to later allocations on the same stream (replay r
 capture stream, where the caching allocator keeps those freed blocks). On backends that isolate
 failures, mutants run in a fresh subprocess (deterministic allocator state, and the corrupted
 memory dies with it).
+
+The reference case runs the breakable API under test (the ``breakable_api`` fixture's, ``impl`` on
+the reference backends), so a third party's breakable graphs face the same scenarios. The
+scenario finds it from ``backend_ref(backend)``: the run's backend in this process, the backend
+rebuilt from its name in a subprocess. The mutants are variants of ``impl`` itself.
 """
 
 from __future__ import annotations
@@ -14,10 +19,14 @@ import pytest
 
 from conformance import Outcome, run_scenario
 from conformance._scenarios import (
+    backend_ref,
     break_inputs_across_sizes,
     fork_across_break,
     result_needed_after_later_break,
 )
+
+# Every regression needs a breakable API: skipped, with the reason, where the backend has none.
+pytestmark = pytest.mark.usefixtures("breakable_api")
 
 
 def _check(outcome: Outcome, variant: str) -> None:
@@ -33,7 +42,7 @@ def _check(outcome: Outcome, variant: str) -> None:
 def _run(backend, scenario, variant: str) -> Outcome:
     # The reference needs no isolation; a mutant may corrupt memory of the process it runs in.
     isolate = backend.isolate_failures and variant != "reference"
-    return run_scenario(backend, scenario, variant, isolate=isolate)
+    return run_scenario(backend, scenario, backend_ref(backend), variant, isolate=isolate)
 
 
 @pytest.mark.clause("BCG-7", "BCG-12")
