@@ -1,3 +1,35 @@
-"""The CPU fake device (under construction)."""
+"""The CPU fake device: a drop-in device module shaped like ``torch.cuda`` that simulates
+CUDA-graph capture (recording, not executing), replay, memory pools and their hazards.
 
-__all__: list[str] = []
+``FakeDevice()`` is the entry point; importing this package registers it as ``"fake"`` in
+``spec.devices`` (``spec.get_device("fake")``).
+"""
+
+import spec as _spec
+
+from ._allocator import FakePool, is_poisoned, poison_value
+from ._device import FakeDevice, FakeDeviceInfo, WeakTensorRef
+from ._graph import FakeCUDAGraph, GraphState
+from ._mode import Recorder
+from ._ops import OpInfo, OpKind, classify_op, register_op_handler
+from ._streams import FakeEvent, FakeStream
+
+_spec.register_device("fake", FakeDevice)
+
+__all__ = [
+    "FakeCUDAGraph",
+    "FakeDevice",
+    "FakeDeviceInfo",
+    "FakeEvent",
+    "FakePool",
+    "FakeStream",
+    "GraphState",
+    "OpInfo",
+    "OpKind",
+    "Recorder",
+    "WeakTensorRef",
+    "classify_op",
+    "is_poisoned",
+    "poison_value",
+    "register_op_handler",
+]

@@ -4,7 +4,8 @@ Imports only torch. ``spec.errors`` is also importable as a module (``from spec.
 PoolClobber``); every public name is re-exported here.
 """
 
-from . import _clauses_errors, _clauses_registry, errors  # noqa: F401  (clauses register on import)
+# The _clauses_* modules register their clauses on import.
+from . import _clauses_breakable, _clauses_device, _clauses_errors, _clauses_registry, errors  # noqa: F401
 from .clauses import CLAUSES, Clause, define, get_clause
 from .devices import device_names, get_device, register_device
 from .errors import (

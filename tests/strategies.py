@@ -4,4 +4,11 @@ The registry's strategies drive the conformance suite against any implementation
 with those scenarios (``conformance/_registry_strategies.py``).
 """
 
-__all__: list[str] = []
+from ._strategies_programs import OP_NAMES, Program, Step, programs
+
+__all__ = [
+    "OP_NAMES",
+    "Program",
+    "Step",
+    "programs",
+]

@@ -1,0 +1,289 @@
+"""The fake's memory: blocks, pools, a best-fit caching allocator, poison, and memory references.
+
+A *block* is a fixed piece of host memory (a ``bytearray``, 64-byte aligned, rounded up to 512
+bytes like CUDA's caching allocator). A block is handed out to one *tenant* at a time: a fresh
+``UntypedStorage`` aliasing the block, so the tensors the user holds share that storage, while the
+pool keeps a separate owning storage for graphs to replay into. When the tenant storage dies (the
+last tensor or view on it is gone) the block returns to its pool's free list and the next
+allocation of that pool may get it (best fit, no splitting). Every hand-out bumps the block's
+*generation*; memory references remember the generation they were made against, which is how a
+re-use of the memory is told apart from a write to the same tensor.
+
+A *pool* owns its blocks for as long as it lives; graphs captured into a pool, pool tokens from
+``graph_pool_handle()``, and live tenants keep it alive. Nothing in here holds a strong reference
+back to a graph or to a device, so pools die by reference counting alone.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import weakref
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from ._compat import no_python_dispatch
+
+__all__ = ["FakePool", "is_poisoned", "poison_value"]
+
+_ROUND = 512  # CUDA's kMinBlockSize: the unit of block sizes
+_ALIGN = 64  # torch's CPU allocator alignment; kernels see the same alignment as in eager mode
+
+_block_ids = itertools.count(1)
+_pool_ids = itertools.count(1)
+
+
+def _round_size(nbytes: int) -> int:
+    return max(_ROUND, -(-nbytes // _ROUND) * _ROUND)
+
+
+# ---------------------------------------------------------------------------------------------
+# Poison
+# ---------------------------------------------------------------------------------------------
+
+
+def poison_value(dtype: torch.dtype) -> bool | int | float | complex:
+    """The value the fake writes into fresh capture memory of ``dtype``.
+
+    NaN for floating and complex dtypes, ``True`` for ``torch.bool``, and for integer dtypes the
+    integer whose every byte is ``0xA5`` (``-1515870811`` for ``int32``, ``165`` for ``uint8``):
+    a value no ordinary program produces by accident. A capture-time output that still holds it
+    was not computed, because capture records and does not execute.
+    """
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+    if dtype == torch.bool:
+        return True
+    if dtype.is_complex:
+        return complex(math.nan, math.nan)
+    if dtype.is_floating_point:
+        return math.nan
+    size = torch.empty((), dtype=dtype).element_size()
+    return int.from_bytes(b"\xa5" * size, "little", signed=dtype.is_signed)
+
+
+def is_poisoned(tensor: torch.Tensor) -> bool:
+    """Whether every element of ``tensor`` holds :func:`poison_value` of its dtype (NaN counts as
+    poison for floating dtypes). True for an empty tensor."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    with no_python_dispatch():
+        if tensor.numel() == 0:
+            return True
+        if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
+            return bool(torch.isnan(tensor).all())
+        return bool((tensor == poison_value(tensor.dtype)).all())
+
+
+def _fill_poison(storage: torch.UntypedStorage, nbytes: int, dtype: torch.dtype) -> None:
+    with no_python_dispatch():
+        item = torch.empty((), dtype=dtype).element_size()
+        whole = torch.empty(0, dtype=dtype).set_(storage, 0, (nbytes // item,))
+        try:
+            whole.fill_(poison_value(dtype))
+        except (RuntimeError, NotImplementedError):  # dtypes without a CPU fill (float8, ...)
+            torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,)).fill_(0xA5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Blocks
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WriteStamp:
+    """Who last wrote a pool block: op ``op`` of the graph with serial ``graph``, writing the
+    block's allocation ``gen``."""
+
+    graph: int
+    op: int
+    gen: int
+    name: str
+
+    def __str__(self) -> str:
+        return f"graph #{self.graph} op {self.op} ({self.name}, allocation {self.gen})"
+
+
+class Block:
+    """A fixed piece of pool memory; see the module docstring for tenants and generations."""
+
+    __slots__ = (
+        "__weakref__",
+        "_mem",
+        "_offset",
+        "gen",
+        "id",
+        "last_write",
+        "pool_id",
+        "size",
+        "storage",
+        "tenant",
+    )
+
+    def __init__(self, pool_id: int, size: int) -> None:
+        self.id = next(_block_ids)
+        self.pool_id = pool_id
+        self.size = size
+        self._mem = bytearray(size + _ALIGN)
+        addr = torch.frombuffer(self._mem, dtype=torch.uint8, count=1).data_ptr()
+        self._offset = (-addr) % _ALIGN
+        # The pool's owning view of the block: what graphs replay into, whoever the tenant is.
+        self.storage = self._new_storage()
+        self.gen = 0
+        self.tenant: weakref.ref[torch.UntypedStorage] | None = None
+        self.last_write: WriteStamp | None = None
+
+    def _new_storage(self) -> torch.UntypedStorage:
+        t = torch.frombuffer(self._mem, dtype=torch.uint8, offset=self._offset, count=self.size)
+        return t.untyped_storage()
+
+    @property
+    def data_ptr(self) -> int:
+        return self.storage.data_ptr()
+
+    def tenant_storage(self) -> torch.UntypedStorage | None:
+        """The live tenant storage, or ``None`` when the block is free."""
+        return None if self.tenant is None else self.tenant()
+
+    def describe(self, gen: int | None = None) -> str:
+        g = self.gen if gen is None else gen
+        return f"block #{self.id} of pool #{self.pool_id} ({self.size} B, allocation {g})"
+
+    def __repr__(self) -> str:
+        state = "live" if self.tenant_storage() is not None else "free"
+        return f"<{self.describe()} {state}>"
+
+
+class WeakMemory:
+    """A non-owning handle to a storage outside the graph's pool (what CUDA holds: an address)."""
+
+    __slots__ = ("_ref", "label", "nbytes")
+
+    def __init__(self, storage: torch.UntypedStorage, label: str) -> None:
+        self._ref = weakref.ref(storage)
+        self.nbytes = storage.nbytes()
+        self.label = label
+
+    def resolve(self) -> torch.UntypedStorage | None:
+        return self._ref()
+
+    def __repr__(self) -> str:
+        return f"<{self.label}>"
+
+
+def external_label(storage: torch.UntypedStorage) -> str:
+    return f"storage at {storage.data_ptr():#x} ({storage.nbytes()} B, allocated outside pools)"
+
+
+@dataclass(frozen=True, slots=True)
+class MemRef:
+    """The memory one recorded operand touches: where, and with which geometry.
+
+    ``block`` is the pool block (``None`` for memory outside every fake pool) and ``gen`` the
+    block's allocation at capture. ``weak`` is set when the recording graph must not keep the
+    memory alive (outside its own pool); replay resolves it and fails if it is gone.
+    """
+
+    block: Block | None
+    gen: int
+    weak: WeakMemory | None
+    offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+
+    def describe(self) -> str:
+        if self.block is not None:
+            return self.block.describe(self.gen)
+        assert self.weak is not None
+        return self.weak.label
+
+    def view(self, storage: torch.UntypedStorage) -> torch.Tensor:
+        """A tensor with this geometry on ``storage`` (call under ``no_python_dispatch``)."""
+        return torch.empty(0, dtype=self.dtype).set_(storage, self.offset, self.shape, self.stride)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pools
+# ---------------------------------------------------------------------------------------------
+
+
+class FakePool:
+    """A memory pool of the fake device; also the opaque pool token.
+
+    Returned by ``FakeDevice.graph_pool_handle()`` and ``CUDAGraph.pool()``; pass it as ``pool=``
+    to captures that should share memory. The pool owns its blocks while anything holds it: a
+    token, a graph captured into it, or a live tensor on one of its blocks. Freed blocks are
+    handed to later allocations of the same pool, smallest fitting block first.
+    """
+
+    def __init__(self, device_id: int, owner: str) -> None:
+        self.id = next(_pool_ids)
+        self.device_id = device_id
+        self.owner = owner
+        self._blocks: list[Block] = []
+        self._free: list[tuple[int, int]] = []  # sorted (size, block id)
+        self._by_id: dict[int, Block] = {}
+        # Tenant finalizers may fire at any refcount drop, even mid-allocation: they only
+        # append here, and the pool folds the queue into its free list at safe points.
+        self._released: deque[tuple[Block, int]] = deque()
+
+    # -- allocation ---------------------------------------------------------------------------
+
+    def allocate(self, nbytes: int, dtype: torch.dtype) -> tuple[Block, torch.UntypedStorage]:
+        """A block of at least ``nbytes`` for a new tenant, poisoned for ``dtype``.
+
+        Returns the block and its tenant storage; the caller builds tensors on the storage.
+        The block returns to this pool when the storage dies.
+        """
+        self._drain()
+        size = _round_size(nbytes)
+        i = bisect.bisect_left(self._free, (size, -1))
+        if i < len(self._free):
+            _, block_id = self._free.pop(i)
+            block = self._by_id[block_id]
+        else:
+            block = Block(self.id, size)
+            self._blocks.append(block)
+            self._by_id[block.id] = block
+        block.gen += 1
+        tenant = block._new_storage()
+        block.tenant = weakref.ref(tenant)
+        fin = weakref.finalize(tenant, FakePool._on_release, self, block, block.gen)
+        fin.atexit = False
+        _fill_poison(block.storage, block.size, dtype)
+        return block, tenant
+
+    @staticmethod
+    def _on_release(pool: FakePool, block: Block, gen: int) -> None:
+        pool._released.append((block, gen))
+
+    def _drain(self) -> None:
+        while self._released:
+            block, gen = self._released.popleft()
+            if block.gen == gen and block.tenant_storage() is None:
+                block.tenant = None
+                bisect.insort(self._free, (block.size, block.id))
+
+    # -- introspection ------------------------------------------------------------------------
+
+    def blocks(self) -> tuple[Block, ...]:
+        self._drain()
+        return tuple(self._blocks)
+
+    def live_blocks(self) -> int:
+        self._drain()
+        return sum(1 for b in self._blocks if b.tenant_storage() is not None)
+
+    def reserved_bytes(self) -> int:
+        return sum(b.size for b in self._blocks)
+
+    def __repr__(self) -> str:
+        return (
+            f"<fake pool #{self.id} ({self.owner}): {len(self._blocks)} blocks, "
+            f"{self.live_blocks()} live>"
+        )
+

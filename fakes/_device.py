@@ -1,0 +1,510 @@
+"""``FakeDevice``: the CPU fake of a CUDA device module (the ``spec.DeviceModule`` protocol)."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, get_args
+
+import torch
+
+from spec.errors import (
+    CaptureError,
+    CaptureInvalidated,
+    DefaultStreamCapture,
+    FreedMemoryAccess,
+    GraphError,
+    GraphNotReady,
+    NestedCapture,
+    PoolClobber,
+    SyncDuringCapture,
+    UnjoinedStream,
+    UnsupportedInCapture,
+)
+from spec.protocol import CaptureErrorMode
+
+from ._allocator import Block, FakePool, external_label
+from ._compat import no_python_dispatch, remove_dispatch_mode
+from ._graph import FakeCUDAGraph, Program
+from ._mode import Recorder, RecordingMode
+from ._streams import Capture, FakeEvent, FakeStream
+
+__all__ = ["FakeDevice", "FakeDeviceInfo", "WeakTensorRef"]
+
+_CAPTURE_ERROR_MODES = frozenset(get_args(CaptureErrorMode))
+_device_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class FakeDeviceInfo:
+    """A frozen snapshot of a :class:`FakeDevice`'s counters (``FakeDevice.cache_info()``).
+
+    ``pools`` counts pools still alive (held by a token, a graph, or a live tensor on one of
+    their blocks); ``blocks`` their blocks, of which ``live_blocks`` have a live tensor and
+    ``free_blocks`` wait for re-use; ``reserved_bytes`` is the memory of all those blocks.
+    ``captures`` counts completed captures, ``aborted_captures`` captures ended by an error,
+    ``replays`` completed replays; ``meta_cache_hits``/``meta_cache_misses`` count the
+    recorder's shape inferences served from, and added to, its cache.
+
+    Leak invariant (``FAKE-6``): once every graph, pool token and tensor of the device is gone,
+    ``pools == live_blocks == 0``.
+    """
+
+    pools: int
+    blocks: int
+    live_blocks: int
+    free_blocks: int
+    reserved_bytes: int
+    captures: int
+    aborted_captures: int
+    replays: int
+    meta_cache_hits: int
+    meta_cache_misses: int
+
+
+class WeakTensorRef:
+    """A non-owning handle to a tensor's memory and geometry (``FakeDevice.weak_ref_tensor``).
+
+    It keeps nothing alive. ``FakeDevice.resolve_weak_ref`` turns it back into a tensor while
+    the memory is live.
+    """
+
+    __slots__ = ("_block", "_gen", "_label", "_storage", "dtype", "offset", "shape", "stride")
+
+    def __init__(self, tensor: torch.Tensor, block: Block | None) -> None:
+        storage = tensor.untyped_storage()
+        self._block = block
+        self._gen = block.gen if block is not None else 0
+        self._storage = weakref.ref(storage)
+        self._label = block.describe() if block is not None else external_label(storage)
+        self.offset = tensor.storage_offset()
+        self.shape = tuple(tensor.shape)
+        self.stride = tuple(tensor.stride())
+        self.dtype = tensor.dtype
+
+    def __repr__(self) -> str:
+        return f"<weak ref to {self._label}: {list(self.shape)} {self.dtype}>"
+
+
+def _check_error_mode(capture_error_mode: Any) -> None:
+    if capture_error_mode not in _CAPTURE_ERROR_MODES:
+        raise ValueError(
+            f"capture_error_mode must be one of {sorted(_CAPTURE_ERROR_MODES)}, "
+            f"got {capture_error_mode!r}"
+        )
+
+
+class FakeDevice:
+    """A CPU device module with the shape of ``torch.cuda`` that simulates CUDA graphs.
+
+    Tensors live on the CPU (``device`` is ``torch.device("cpu")``). Between ``capture_begin``
+    and ``capture_end`` a dispatch mode records the aten ops issued on the capturing stream (and
+    streams forked from it) instead of running them; ``replay`` runs them against the memory's
+    current contents. Memory allocated during capture comes from simulated caching-allocator
+    pools, so pool sharing, block re-use and the hazards they cause behave as on CUDA, except
+    that the fake names hazards (``FreedMemoryAccess``, ``PoolClobber``) instead of corrupting
+    results silently.
+
+    ``Stream``, ``Event`` and ``CUDAGraph`` are classes, subclasses of :class:`FakeStream`,
+    :class:`FakeEvent` and :class:`FakeCUDAGraph` bound to this device.
+
+    Construction warms up what the recorder imports lazily (meta-device shape inference), so the
+    first capture is as fast as later ones (``FAKE-5``).
+
+    .. warning:: Host reads that never reach the dispatcher for a CPU tensor (``.tolist()``,
+       ``.numpy()``, ``.cpu()``, printing) cannot be detected during capture; they read the
+       poison pattern (``FAKE-7``). CUDA would return garbage there.
+
+    .. note:: A capture error (``SyncDuringCapture``, ``UnsupportedInCapture``, ...) aborts the
+       capture at once: the device is clean right away (``CAP-1``), later ops of the captured
+       code run eagerly, and ``capture_end()`` raises the error again.
+
+    .. note:: ``capture_begin`` and ``capture_end`` must run on the same thread; the recorder
+       sees the capturing thread's ops only.
+    """
+
+    name: str = "fake"
+
+    def __init__(self) -> None:
+        self.device = torch.device("cpu")
+        self.id = next(_device_ids)
+        bind = {"_device": self, "__module__": FakeStream.__module__}
+        self.Stream: type[FakeStream] = type("Stream", (FakeStream,), dict(bind))
+        self.Event: type[FakeEvent] = type("Event", (FakeEvent,), dict(bind))
+        self.CUDAGraph: type[FakeCUDAGraph] = type("CUDAGraph", (FakeCUDAGraph,), dict(bind))
+        self._default = self.Stream()
+        self._default._is_default = True
+        self._side: FakeStream | None = None
+        self._tls = threading.local()
+        self._capture: Capture | None = None
+        self._blocks: weakref.WeakValueDictionary[int, Block] = weakref.WeakValueDictionary()
+        self._pools: weakref.WeakSet[FakePool] = weakref.WeakSet()
+        self._stale_modes: list[RecordingMode] = []
+        self._serials = itertools.count(1)
+        self._captures = 0
+        self._aborted = 0
+        self._replays = 0
+        self._meta_hits = 0
+        self._meta_misses = 0
+        _warm_up(self)
+
+    def __repr__(self) -> str:
+        return f"<FakeDevice #{self.id}>"
+
+    # -- streams ------------------------------------------------------------------------------
+
+    def current_stream(self) -> FakeStream:
+        """The stream work is issued on now (per thread; the default stream unless
+        :meth:`stream` made another current). An instance of ``self.Stream`` (``DEV-2``)."""
+        return getattr(self._tls, "stream", None) or self._default
+
+    def default_stream(self) -> FakeStream:
+        """The default stream, which cannot capture (``CAP-3``)."""
+        return self._default
+
+    @contextlib.contextmanager
+    def stream(self, stream: FakeStream | None) -> Iterator[FakeStream | None]:
+        """Make ``stream`` current for the body (``None``: no change); restore on exit."""
+        if stream is None:
+            yield None
+            return
+        self._check_stream(stream, "stream")
+        previous = getattr(self._tls, "stream", None)
+        self._tls.stream = stream
+        try:
+            yield stream
+        finally:
+            self._tls.stream = previous
+
+    def synchronize(self) -> None:
+        """A no-op outside capture; ``SyncDuringCapture`` during one, in every
+        ``capture_error_mode`` (it waits on the capturing stream, ``CAP-2``)."""
+        self._sweep()
+        self._host_sync("synchronize()", touches_capture=True)
+
+    def is_current_stream_capturing(self) -> bool:
+        """Whether the current stream belongs to a capture in progress (``DEV-3``)."""
+        self._sweep()
+        return self.current_stream()._capture is not None
+
+    def is_stream_capturing(self, stream: FakeStream) -> bool:
+        """Whether ``stream`` is the capturing stream or forked into its capture (``DEV-3``)."""
+        self._check_stream(stream, "stream")
+        self._sweep()
+        return stream._capture is not None
+
+    # -- graphs -------------------------------------------------------------------------------
+
+    def graph_pool_handle(self) -> FakePool:
+        """A new pool token; captures given it as ``pool=`` share its memory (``MEM-1``)."""
+        return self._new_pool("graph_pool_handle()")
+
+    @contextlib.contextmanager
+    def graph(
+        self,
+        cuda_graph: FakeCUDAGraph,
+        pool: FakePool | None = None,
+        stream: FakeStream | None = None,
+        capture_error_mode: CaptureErrorMode = "global",
+    ) -> Iterator[FakeCUDAGraph]:
+        """Capture the body into ``cuda_graph``.
+
+        The capture runs on ``stream`` or, if ``None``, on this device's side stream (created
+        on first use, never the default stream, ``CAP-3``), which is current for the body; the
+        previous stream is current again afterwards (``DEV-4``). Memory comes from ``pool``
+        (or the graph's private pool).
+
+        ``capture_error_mode`` is one of:
+
+        - ``"global"``: querying or synchronizing any stream or event, from any thread, raises
+          ``SyncDuringCapture``;
+        - ``"thread_local"``: only such calls from the capturing thread raise;
+        - ``"relaxed"``: querying or synchronizing streams and events *unrelated* to the capture
+          is allowed.
+
+        Syncs that involve the capture (its streams, events recorded in it, ``synchronize()``,
+        host reads of data such as ``.item()``) raise in every mode (``FAKE-9``, ``CAP-2``).
+
+        If the body raises, the capture is aborted (the device is clean, ``CAP-1``) and the
+        exception propagates; the graph is left ``"failed"`` until ``reset()``.
+        """
+        if not isinstance(cuda_graph, FakeCUDAGraph) or cuda_graph._device is not self:
+            raise TypeError(f"cuda_graph must be a CUDAGraph of {self!r}, got {cuda_graph!r}")
+        _check_error_mode(capture_error_mode)
+        if stream is None:
+            stream = self._capture_stream()
+        with self.stream(stream):
+            cuda_graph.capture_begin(pool=pool, capture_error_mode=capture_error_mode)
+            try:
+                yield cuda_graph
+            except BaseException as exc:
+                if cuda_graph._state == "capturing":
+                    err = CaptureInvalidated(
+                        "capture aborted by an exception in the captured code",
+                        detail=type(exc).__name__,
+                    )
+                    err.__cause__ = exc
+                    self._abort_capture(cuda_graph, err)
+                self._sweep()
+                raise
+            cuda_graph.capture_end()
+
+    def graph_node_count(self, graph: FakeCUDAGraph) -> int:
+        """Recorded ops of ``graph``'s complete capture (``DEV-5``); ``GraphNotReady`` without
+        one. Views and allocations record nothing."""
+        return len(self._program_of(graph).ops)
+
+    def graph_op_names(self, graph: FakeCUDAGraph) -> tuple[str, ...]:
+        """The aten op name (``"aten::add.Tensor"``) of each recorded op, in capture order."""
+        return tuple(op.name for op in self._program_of(graph).ops)
+
+    # -- weak references ----------------------------------------------------------------------
+
+    def weak_ref_tensor(self, tensor: torch.Tensor) -> WeakTensorRef:
+        """A handle to ``tensor``'s memory and geometry that keeps nothing alive (``DEV-6``)."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+        return WeakTensorRef(tensor, self._block_of(tensor.untyped_storage()))
+
+    def resolve_weak_ref(self, handle: WeakTensorRef) -> torch.Tensor:
+        """The tensor behind ``handle``, owning its memory while held (resolve right before use).
+
+        Raises ``PoolClobber`` once the pool block was handed to another allocation (``MEM-4``),
+        ``FreedMemoryAccess`` once the memory was freed (``MEM-3``).
+        """
+        if not isinstance(handle, WeakTensorRef):
+            raise TypeError(f"handle must come from weak_ref_tensor(), got {handle!r}")
+        block = handle._block
+        if block is not None and block.gen != handle._gen:
+            raise PoolClobber(
+                block.describe(handle._gen),
+                None,
+                expected=f"allocation {handle._gen}",
+                found=f"allocation {block.gen}",
+            )
+        storage = handle._storage()
+        if storage is None:
+            raise FreedMemoryAccess(handle._label)
+        with no_python_dispatch():
+            return torch.empty(0, dtype=handle.dtype).set_(
+                storage, handle.offset, handle.shape, handle.stride
+            )
+
+    # -- introspection ------------------------------------------------------------------------
+
+    def cache_info(self) -> FakeDeviceInfo:
+        """A frozen snapshot of the device's counters (see :class:`FakeDeviceInfo`)."""
+        self._sweep()
+        pools = list(self._pools)
+        blocks = [b for p in pools for b in p.blocks()]
+        live = sum(1 for b in blocks if b.tenant_storage() is not None)
+        return FakeDeviceInfo(
+            pools=len(pools),
+            blocks=len(blocks),
+            live_blocks=live,
+            free_blocks=len(blocks) - live,
+            reserved_bytes=sum(b.size for b in blocks),
+            captures=self._captures,
+            aborted_captures=self._aborted,
+            replays=self._replays,
+            meta_cache_hits=self._meta_hits,
+            meta_cache_misses=self._meta_misses,
+        )
+
+    # -- internals used by streams, graphs and the recorder -----------------------------------
+
+    def _check_stream(self, stream: Any, param: str) -> None:
+        if not isinstance(stream, FakeStream) or stream._device is not self:
+            raise TypeError(f"{param} must be a Stream of {self!r}, got {stream!r}")
+
+    def _capture_stream(self) -> FakeStream:
+        if self._side is None:
+            self._side = self.Stream()
+        return self._side
+
+    def _new_pool(self, owner: str) -> FakePool:
+        pool = FakePool(self.id, owner)
+        self._pools.add(pool)
+        return pool
+
+    def _register_block(self, block: Block) -> None:
+        self._blocks[block.data_ptr] = block
+
+    def _block_of(self, storage: torch.UntypedStorage) -> Block | None:
+        block = self._blocks.get(storage.data_ptr())
+        if block is not None and block.tenant_storage() is storage:
+            return block
+        return None
+
+    def _program_of(self, graph: FakeCUDAGraph) -> Program:
+        if not isinstance(graph, FakeCUDAGraph) or graph._device is not self:
+            raise TypeError(f"graph must be a CUDAGraph of {self!r}, got {graph!r}")
+        return graph.program
+
+    def _sweep(self) -> None:
+        # Modes of captures aborted from inside their own __torch_dispatch__ could not leave
+        # the stack then; take them off now, wherever they sit.
+        if self._stale_modes:
+            self._stale_modes = [m for m in self._stale_modes if not remove_dispatch_mode(m)]
+
+    def _host_sync(self, what: str, *, touches_capture: bool) -> None:
+        cap = self._capture
+        if cap is None or cap.closed:
+            return
+        if (
+            touches_capture
+            or cap.error_mode == "global"
+            or (cap.error_mode == "thread_local" and threading.get_ident() == cap.thread)
+        ):
+            raise self._fail_capture(cap, SyncDuringCapture(what))
+
+    def _on_wait(self, waiter: FakeStream, event: FakeEvent) -> None:
+        cap = event._capture
+        if cap is None or cap.closed:
+            return
+        if waiter._capture is None:
+            cap.fork(waiter, event._covers)
+        elif waiter._capture is cap:
+            if waiter is cap.origin:
+                cap.join(event._covers)
+            else:
+                for stream, seq in event._covers.items():
+                    if waiter._absorbed.get(stream, -1) < seq:
+                        waiter._absorbed[stream] = seq
+
+    def _begin_capture(
+        self, graph: FakeCUDAGraph, pool: FakePool | None, capture_error_mode: Any
+    ) -> None:
+        self._sweep()
+        _check_error_mode(capture_error_mode)
+        if self._capture is not None:
+            raise NestedCapture(detail=f"{self._capture.graph!r} is capturing")
+        if graph._state != "empty":
+            raise CaptureError(f"{graph!r} already holds a capture; call reset() first")
+        stream = self.current_stream()
+        if stream._is_default:
+            raise DefaultStreamCapture()
+        if pool is None:
+            pool = graph.pool()
+        elif not isinstance(pool, FakePool):
+            raise TypeError(
+                "pool must be a token from graph_pool_handle() or CUDAGraph.pool() of this "
+                f"device, got {pool!r}"
+            )
+        elif pool.device_id != self.id:
+            raise ValueError(f"pool {pool!r} belongs to another FakeDevice than {self!r}")
+        serial = next(self._serials)
+        cap = Capture(graph, stream, pool, capture_error_mode, serial)
+        cap.recorder = Recorder(self, cap)
+        stream._capture = cap
+        self._capture = cap
+        graph._capture = cap
+        graph._pool = pool
+        graph._serial = serial
+        graph._state = "capturing"
+        graph._error = None
+        mode = RecordingMode(self, cap)
+        cap.mode = mode
+        mode.__enter__()
+
+    def _end_capture(self, graph: FakeCUDAGraph) -> None:
+        self._sweep()
+        if graph._state == "failed":
+            assert graph._error is not None
+            raise graph._error
+        cap = graph._capture
+        if graph._state != "capturing" or cap is None:
+            raise CaptureError(f"capture_end() on {graph!r}, which is not capturing")
+        if cap.unjoined:
+            err = UnjoinedStream(tuple(repr(s) for s in cap.unjoined))
+            self._abort_capture(graph, err)
+            raise err
+        assert cap.recorder is not None and cap.pool is not None
+        program = Program(cap.recorder, cap.pool)
+        self._close(cap)
+        graph._program = program
+        graph._capture = None
+        graph._state = "ready"
+        self._captures += 1
+
+    def _abort_capture(self, graph: FakeCUDAGraph, error: BaseException) -> None:
+        """End ``graph``'s capture after an error: undo its predicted writes, leave no capture
+        state on any stream, take the recorder off the mode stack (now or at the next entry
+        point), and drop the partial graph and its hold on the pool."""
+        cap = graph._capture
+        if cap is None:
+            return
+        if cap.recorder is not None:
+            for block, previous in reversed(cap.recorder.undo):
+                block.last_write = previous
+        self._close(cap)
+        graph._capture = None
+        graph._program = None
+        graph._pool = None
+        graph._state = "failed"
+        graph._error = error
+        self._aborted += 1
+
+    def _fail_capture(self, cap: Capture, error: GraphError) -> GraphError:
+        if cap.graph is not None:
+            self._abort_capture(cap.graph, error)
+        return error
+
+    def _close(self, cap: Capture) -> None:
+        mode = cap.mode
+        cap.mode = None
+        cap.close()
+        if self._capture is cap:
+            self._capture = None
+        if mode is not None and not remove_dispatch_mode(mode):
+            self._stale_modes.append(mode)
+
+    def _replay(self, graph: FakeCUDAGraph) -> None:
+        self._sweep()
+        if graph._state != "ready" or graph._program is None:
+            raise GraphNotReady(f"replay() on {graph!r}")
+        cap = self._capture
+        if cap is not None and self.current_stream()._capture is cap:
+            raise self._fail_capture(
+                cap,
+                UnsupportedInCapture("CUDAGraph.replay", detail="replay inside a capture"),
+            )
+        graph._program.run()
+        self._replays += 1
+
+
+_warmed_up = False
+
+
+def _warm_up(device: FakeDevice) -> None:
+    """Capture and replay one small program touching every recorder path, once per process:
+    the first meta-device op imports torch's Python meta kernels and decompositions (about a
+    second), which would otherwise land in the first real capture."""
+    global _warmed_up
+    if _warmed_up:
+        return
+    _warmed_up = True
+    with no_python_dispatch():
+        x = torch.linspace(-1.0, 1.0, 16).view(4, 4)
+        idx = torch.tensor([0, 2, 1, 3])
+        counts = torch.zeros(4, dtype=torch.long)
+    g = device.CUDAGraph()
+    with device.graph(g):
+        y = (x @ x).softmax(-1) + x
+        cols = idx.view(4, 1).expand(4, 4)
+        z = y.index_select(0, idx).gather(1, cols)
+        w = torch.zeros_like(z).scatter_add_(1, cols, z).index_add(0, idx, z)
+        v = torch.where(x > 0, w.cumsum(1), x).sum(0, keepdim=True) + x[idx]
+        counts.add_(torch.tensor(1)).bitwise_and_(3)
+        out = torch.empty(4, 4)
+        torch.mul(v.mean(0).expand(4, 4), torch.full((4, 4), 0.5), out=out)
+        out[0] = torch.arange(4.0).flip(0)
+        torch.cat([out, y.t().reshape(4, 4)]).amax(1).masked_fill(~(out.sum(1) > 0).repeat(2), 0)
+    g.replay()
+    del g, y, z, w, v, out
+    device._captures = device._aborted = device._replays = 0
+    device._meta_hits = device._meta_misses = 0

@@ -1,0 +1,236 @@
+"""The fake ``CUDAGraph``: capture into a recorded program, replay it against current memory.
+
+A graph is in one of four states: ``"empty"`` (new or ``reset()``), ``"capturing"``,
+``"ready"`` (a complete capture), ``"failed"`` (a capture error or an exception in the captured
+code aborted the capture; ``reset()`` before capturing again).
+
+Replay, in order:
+
+1. resolves the memory the graph holds weakly (outside its pool); a dead owner raises
+   ``FreedMemoryAccess`` (``MEM-3``) before anything runs;
+2. checks each *entry read* (a read of pool memory that no earlier op of the same graph wrote)
+   against the block's last writer; a write made for another allocation of the block raises
+   ``PoolClobber`` (``MEM-4``, precise rule in ``MEM-8``) before anything runs;
+3. runs the recorded ops in capture order on views of that memory, below every dispatch mode
+   and under ``torch.inference_mode()`` (a graph launch is one opaque call, not aten ops);
+   functional ops compute and copy into their recorded output memory;
+4. records its writes as each written block's last writer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+import torch
+
+from spec.errors import CaptureError, FreedMemoryAccess, GraphNotReady, PoolClobber
+
+from ._allocator import Block, FakePool, MemRef, WeakMemory, WriteStamp
+from ._compat import no_python_dispatch
+from ._ops import ReadRecord, RecordedOp, fill_slots, flatten_tensors
+
+if TYPE_CHECKING:
+    from ._device import FakeDevice
+    from ._mode import Recorder
+    from ._streams import Capture
+
+__all__ = ["FakeCUDAGraph", "GraphState"]
+
+GraphState = Literal["empty", "capturing", "ready", "failed"]
+
+
+class Program:
+    """A completed capture, compiled for replay (see the module docstring)."""
+
+    def __init__(self, recorder: Recorder, pool: FakePool) -> None:
+        self.pool = pool
+        self.ops: tuple[RecordedOp, ...] = tuple(recorder.ops)
+        self.refs: tuple[MemRef, ...] = tuple(recorder.refs)
+        self.constants = tuple(recorder.constants)  # host constants baked into the graph
+        first_touch: dict[WeakMemory, str] = {}
+        written: set[Block] = set()
+        entry: list[tuple[ReadRecord, RecordedOp]] = []
+        final: dict[Block, WriteStamp] = {}
+        for op in self.ops:
+            for index in (*(r.ref for r in op.reads), *op.writes):
+                weak = self.refs[index].weak
+                if weak is not None:
+                    first_touch.setdefault(weak, op.name)
+            for read in op.reads:
+                block = self.refs[read.ref].block
+                # A read after this graph's own write of the block always finds that write.
+                if block is not None and block not in written:
+                    entry.append((read, op))
+            for index, stamp in zip(op.writes, op.stamps, strict=True):
+                block = self.refs[index].block
+                if block is not None:
+                    written.add(block)
+                if stamp is not None:
+                    assert block is not None
+                    final[block] = stamp
+        self.weak = tuple(first_touch.items())
+        self.entry_reads = tuple(entry)
+        self.final_writes = tuple(final.items())
+        self._views: list[torch.Tensor | None] | None = None
+
+    def _own_views(self) -> list[torch.Tensor | None]:
+        # Own-pool memory never moves while the graph lives: build those views once.
+        if self._views is None:
+            self._views = [
+                ref.view(ref.block.storage) if ref.weak is None and ref.block is not None else None
+                for ref in self.refs
+            ]
+        return self._views
+
+    def check(self) -> dict[WeakMemory, torch.UntypedStorage]:
+        """Resolve weakly held memory and check entry reads; raise before anything runs."""
+        alive: dict[WeakMemory, torch.UntypedStorage] = {}
+        for weak, op_name in self.weak:
+            storage = weak.resolve()
+            if storage is None:
+                raise FreedMemoryAccess(weak.label, op_name)
+            alive[weak] = storage
+        for read, op in self.entry_reads:
+            ref = self.refs[read.ref]
+            assert ref.block is not None
+            last = ref.block.last_write
+            if last is None or last.gen == ref.gen:
+                continue
+            # Another allocation of the block wrote it. When the capture expected a graph's
+            # write of this allocation, any such write is a clobber; when the content came from
+            # outside graphs (invisible to the fake), only a later allocation's write provably is.
+            if read.expected is not None or last.gen > ref.gen:
+                raise PoolClobber(
+                    ref.block.describe(ref.gen),
+                    op.name,
+                    expected=str(read.expected) if read.expected else "a write outside graphs",
+                    found=str(last),
+                )
+        return alive
+
+    def run(self) -> None:
+        alive = self.check()
+        done = 0
+        try:
+            with no_python_dispatch(), torch.inference_mode():
+                views = list(self._own_views())
+                for i, ref in enumerate(self.refs):
+                    if ref.weak is not None:
+                        views[i] = ref.view(alive[ref.weak])
+                for op in self.ops:
+                    kwargs = {k: fill_slots(v, views) for k, v in op.kwargs.items()}
+                    result = op.func(*fill_slots(op.args, views), **kwargs)
+                    if op.outputs:
+                        for slot, value in zip(op.outputs, flatten_tensors(result), strict=True):
+                            if slot is not None and value is not None:
+                                views[slot].copy_(value)
+                    done += 1
+        finally:
+            if done == len(self.ops):
+                for block, stamp in self.final_writes:
+                    block.last_write = stamp
+            else:
+                for op in self.ops[:done]:
+                    for index, stamp in zip(op.writes, op.stamps, strict=True):
+                        if stamp is not None:
+                            self.refs[index].block.last_write = stamp  # type: ignore[union-attr]
+
+
+class FakeCUDAGraph:
+    """A graph of a :class:`~fakes.FakeDevice` (``torch.cuda.CUDAGraph``'s shape).
+
+    Build graphs as ``device.CUDAGraph()`` (each device has its own subclass). ``capture_begin``
+    starts recording the work issued on the current stream and on streams forked from it;
+    ``capture_end`` completes the graph; ``replay`` runs the recorded work again, any number of
+    times, on any stream, against whatever its memory holds then (``RPL-1``).
+
+    Memory allocated during capture comes from ``pool`` (or this graph's private pool). The
+    graph keeps its pool alive, so its replays may use pool memory whose capture-time tensors
+    died (``MEM-5``); memory outside the pool is held weakly (``MEM-6``).
+
+    .. note:: ``keep_graph`` is accepted for signature compatibility; the fake always keeps its
+       recorded program (``graph_node_count`` works either way).
+    """
+
+    _device: ClassVar[FakeDevice]
+
+    def __init__(self, keep_graph: bool = False) -> None:
+        if not hasattr(type(self), "_device"):
+            raise TypeError("create graphs with device.CUDAGraph(), not FakeCUDAGraph()")
+        self.keep_graph = keep_graph
+        self._state: GraphState = "empty"
+        self._pool: FakePool | None = None
+        self._capture: Capture | None = None
+        self._program: Program | None = None
+        self._error: BaseException | None = None
+        self._serial = 0
+
+    @property
+    def state(self) -> GraphState:
+        """``"empty"``, ``"capturing"``, ``"ready"`` or ``"failed"`` (module docstring)."""
+        return self._state
+
+    def capture_begin(
+        self, pool: FakePool | None = None, capture_error_mode: str = "global"
+    ) -> None:
+        """Begin capturing work issued on the current stream.
+
+        Raises ``NestedCapture`` while another capture is active (``CAP-4``),
+        ``DefaultStreamCapture`` on the default stream (``CAP-3``), :class:`CaptureError` if
+        this graph already holds a capture (``reset()`` it first), ``ValueError`` for an unknown
+        ``capture_error_mode`` and ``TypeError``/``ValueError`` for a ``pool`` that is not a
+        pool token of this device.
+        """
+        self._device._begin_capture(self, pool, capture_error_mode)
+
+    def capture_end(self) -> None:
+        """End the capture and make the graph ready.
+
+        Raises ``UnjoinedStream`` if a forked stream was not joined back (``CAP-5``); the
+        capture is aborted and the device is clean either way (``CAP-1``). On a graph whose
+        capture was aborted by an error, raises that error again.
+        """
+        self._device._end_capture(self)
+
+    def replay(self) -> None:
+        """Run the recorded work (see the module docstring of ``fakes._graph``).
+
+        Raises ``GraphNotReady`` without a complete capture (``RPL-2``), ``FreedMemoryAccess``
+        and ``PoolClobber`` for memory hazards (``MEM-3``, ``MEM-4``), and
+        ``UnsupportedInCapture`` when called while the current stream is capturing.
+        """
+        self._device._replay(self)
+
+    def reset(self) -> None:
+        """Drop the recorded work and release the graph's hold on its pool (a capture in
+        progress is aborted). The graph can capture again afterwards."""
+        if self._state == "capturing":
+            self._device._abort_capture(self, CaptureError("capture aborted by reset()"))
+        self._program = None
+        self._pool = None
+        self._error = None
+        self._state = "empty"
+
+    def pool(self) -> FakePool:
+        """This graph's pool token, for later captures that should share its memory. Before
+        the first capture, this creates the graph's private pool."""
+        if self._pool is None:
+            self._pool = self._device._new_pool(f"private pool of {self!r}")
+        return self._pool
+
+    def instantiate(self) -> None:
+        """A no-op on a ready graph (the fake needs no instantiation); ``GraphNotReady``
+        otherwise."""
+        if self._state != "ready":
+            raise GraphNotReady(f"instantiate() on a graph in state {self._state!r}")
+
+    @property
+    def program(self) -> Program:
+        """The recorded program; ``GraphNotReady`` without a complete capture."""
+        if self._program is None:
+            raise GraphNotReady(f"graph in state {self._state!r} has no recorded program")
+        return self._program
+
+    def __repr__(self) -> str:
+        return f"<fake CUDAGraph #{self._serial} {self._state}>"
+

@@ -1,0 +1,541 @@
+"""The recorder: a ``TorchDispatchMode`` that, during a capture, records kernels instead of
+running them.
+
+For every aten op that reaches it on a stream of the capture, :class:`RecordingMode` runs an
+ordered pipeline:
+
+1. ops issued on a stream outside the capture run eagerly (host syncs among them follow
+   ``capture_error_mode``), and so do ops on non-CPU tensors (meta shape computations);
+2. a registered special case (dispatch tables at the bottom of this module) handles the op;
+3. otherwise :func:`~fakes._ops.classify_op` decides: views run (they alias, launch nothing),
+   host syncs raise ``SyncDuringCapture``, random ops raise ``UnsupportedInCapture``, and kernels
+   are recorded by :class:`Recorder`.
+
+Recording never executes the kernel. Its output shapes come from the meta device (so bad calls
+fail at capture as they would eagerly); fresh outputs get poisoned memory from the capture's
+pool; in-place and ``out=`` targets are left untouched. The recorded op refers to memory (block,
+offset, shape, stride, dtype), never to the Python tensors of the call.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from spec.errors import SyncDuringCapture, UnsupportedInCapture
+
+from ._allocator import MemRef, WeakMemory, WriteStamp, external_label
+from ._compat import no_python_dispatch
+from ._ops import (
+    OpInfo,
+    ReadRecord,
+    RecordedOp,
+    Slot,
+    aten_ops,
+    classify_op,
+    flatten_tensors,
+    handler_for,
+    register_op_handler,
+)
+
+if TYPE_CHECKING:
+    from ._allocator import Block
+    from ._device import FakeDevice
+    from ._streams import Capture
+
+__all__ = ["Recorder", "RecordingMode"]
+
+_META = torch.device("meta")
+
+Args = tuple[Any, ...]
+Kwargs = dict[str, Any]
+
+
+def _has_own_dispatch(cls: type) -> bool:
+    # nn.Parameter and friends inherit Tensor's (disabled) __torch_dispatch__: plain tensors.
+    impl = getattr(cls, "__torch_dispatch__", None)
+    return getattr(impl, "__func__", impl) is not _TENSOR_DISPATCH
+
+
+_TENSOR_DISPATCH = getattr(
+    torch.Tensor.__torch_dispatch__, "__func__", torch.Tensor.__torch_dispatch__
+)
+
+
+def _iter_tensors(values: Any) -> Any:
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                if isinstance(x, torch.Tensor):
+                    yield x
+
+
+def _on_cpu(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    for t in _iter_tensors(args):
+        if t.device.type != "cpu":
+            return False
+    for t in _iter_tensors(kwargs.values()):
+        if t.device.type != "cpu":
+            return False
+    device = kwargs.get("device")
+    return device is None or torch.device(device).type == "cpu"
+
+
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=_META)
+    if type(value) in (list, tuple):
+        return type(value)(_to_meta(v) for v in value)
+    return value
+
+
+def _to_zeros(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.zeros(value.shape, dtype=value.dtype)
+    if type(value) in (list, tuple):
+        return type(value)(_to_zeros(v) for v in value)
+    return value
+
+
+def _shapes(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape)
+    if type(value) in (list, tuple):
+        return tuple(_shapes(v) for v in value)
+    return None
+
+
+def _storage_bytes(t: torch.Tensor) -> int:
+    """Bytes a tensor of ``t``'s geometry needs from the start of its storage."""
+    if t.numel() == 0:
+        return t.storage_offset() * t.element_size()
+    span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
+    return (t.storage_offset() + span) * t.element_size()
+
+
+class _Uncacheable(Exception):
+    """Internal: an operand the meta cache cannot key on."""
+
+
+_SCALARS = (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.layout,
+            torch.memory_format)
+_META_CACHE: dict[Any, Any] = {}
+_META_CACHE_SIZE = 8192
+
+
+def _signature(value: Any) -> Any:
+    """Hashable description of an operand for the meta cache; scalars keep their type
+    (``x + 2`` and ``x + 2.0`` promote differently)."""
+    if isinstance(value, torch.Tensor):
+        return (torch.Tensor, tuple(value.shape), value.stride(), value.dtype)
+    if type(value) in (list, tuple):
+        return (type(value), tuple(_signature(v) for v in value))
+    if isinstance(value, _SCALARS):
+        return (type(value), value)
+    raise _Uncacheable
+
+
+# Ops that write every element of ``self`` without reading it: their target is not a read for
+# hazard checks (the schema marks them ``Tensor(a!)`` like any read-modify-write op).
+_OVERWRITE_SELF = frozenset(
+    aten_ops("copy_.default", "fill_.Scalar", "fill_.Tensor", "zero_.default")
+)
+
+
+class Recorder:
+    """Records one capture's ops into a memory-reference table (one recorder per capture).
+
+    Special-case handlers receive the recorder and use :meth:`record`, :meth:`passthrough`,
+    :meth:`allocate_only`, :meth:`keep_alive`, :meth:`fail_sync` and :meth:`fail_unsupported`.
+    """
+
+    def __init__(self, device: FakeDevice, capture: Capture) -> None:
+        self.device = device
+        self.capture = capture
+        self.ops: list[RecordedOp] = []
+        self.refs: list[MemRef] = []
+        self._ref_index: dict[MemRef, int] = {}
+        self._weak: dict[int, WeakMemory] = {}
+        self.constants: list[torch.Tensor] = []
+        # (block, previous last_write) for every capture-time write, undone if the capture aborts
+        self.undo: list[tuple[Block, WriteStamp | None]] = []
+
+    # -- memory references --------------------------------------------------------------------
+
+    def _weak_memory(self, storage: torch.UntypedStorage, label: str) -> WeakMemory:
+        known = self._weak.get(id(storage))
+        if known is None or known.resolve() is not storage:
+            known = WeakMemory(storage, label)
+            self._weak[id(storage)] = known
+        return known
+
+    def memref(self, t: torch.Tensor) -> int:
+        """Index of the memory reference for tensor ``t`` (added to the table if new)."""
+        storage = t.untyped_storage()
+        block = self.device._block_of(storage)
+        pool = self.capture.pool
+        assert pool is not None
+        if block is None:
+            weak: WeakMemory | None = self._weak_memory(storage, external_label(storage))
+            gen = 0
+        else:
+            gen = block.gen
+            # Memory of another pool is not this graph's to keep: held weakly, like external.
+            weak = None if block.pool_id == pool.id else self._weak_memory(
+                storage, block.describe(gen)
+            )
+        ref = MemRef(
+            block, gen, weak, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype
+        )
+        index = self._ref_index.get(ref)
+        if index is None:
+            index = len(self.refs)
+            self.refs.append(ref)
+            self._ref_index[ref] = index
+        return index
+
+    def allocate_like(self, like: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """A poisoned tensor with ``like``'s geometry and dtype on fresh pool memory, and its
+        memory-reference index."""
+        pool = self.capture.pool
+        assert pool is not None
+        block, tenant = pool.allocate(_storage_bytes(like), like.dtype)
+        self.device._register_block(block)
+        with no_python_dispatch():
+            t = torch.empty(0, dtype=like.dtype).set_(
+                tenant, like.storage_offset(), like.shape, like.stride()
+            )
+        return t, self.memref(t)
+
+    # -- handler API --------------------------------------------------------------------------
+
+    def passthrough(self, func: Any, args: Args, kwargs: Kwargs) -> Any:
+        """Run the op as usual (below the recorder): for views and metadata-only ops."""
+        return func(*args, **kwargs)
+
+    def keep_alive(self, tensor: torch.Tensor) -> None:
+        """Make the graph own ``tensor`` (a host constant baked into the graph)."""
+        self.constants.append(tensor)
+
+    def fail_sync(self, what: str) -> None:
+        """Abort the capture with :class:`SyncDuringCapture` (``CAP-2``)."""
+        raise self.device._fail_capture(self.capture, SyncDuringCapture(what))
+
+    def fail_unsupported(self, op: str, detail: str | None = None) -> None:
+        """Abort the capture with :class:`UnsupportedInCapture` naming ``op`` (``CAP-7``)."""
+        raise self.device._fail_capture(self.capture, UnsupportedInCapture(op, detail=detail))
+
+    def allocate_only(self, func: Any, args: Args, kwargs: Kwargs) -> Any:
+        """An allocation with no kernel (``empty`` and friends): poisoned pool memory with the
+        geometry the op would produce; nothing is recorded."""
+        meta = self._infer(func, args, kwargs, classify_op(func))
+        return self.allocate_like(meta)[0]
+
+    # -- recording ----------------------------------------------------------------------------
+
+    def _infer(self, func: Any, args: Any, kwargs: dict[str, Any], info: OpInfo) -> Any:
+        """The op's result computed on the meta device: output geometry, and the validation
+        eager mode would do. Cached per op and operand signature (shapes, strides, dtypes and
+        typed constants), like FakeTensorMode's dispatch cache: meta kernels are pure."""
+        try:
+            key = (func, _signature(args), _signature(tuple(sorted(kwargs.items()))))
+        except _Uncacheable:
+            key = None
+        if key is not None:
+            hit = _META_CACHE.get(key)
+            if hit is not None:
+                self.device._meta_hits += 1
+                return hit
+        out = self._infer_uncached(func, args, kwargs, info)
+        if key is not None:
+            self.device._meta_misses += 1
+            if len(_META_CACHE) >= _META_CACHE_SIZE:
+                _META_CACHE.clear()
+            _META_CACHE[key] = out
+        return out
+
+    def _infer_uncached(self, func: Any, args: Any, kwargs: dict[str, Any], info: OpInfo) -> Any:
+        meta_args = _to_meta(args)
+        meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
+        if info.has_device_arg:
+            meta_kwargs["device"] = _META
+            if meta_kwargs.get("pin_memory"):
+                meta_kwargs["pin_memory"] = False
+        try:
+            with no_python_dispatch():
+                out = func(*meta_args, **meta_kwargs)
+        except NotImplementedError:
+            # No meta kernel: learn the output geometry by running the op on zeros instead
+            # of the real (possibly poisoned) operands.
+            try:
+                with no_python_dispatch():
+                    out = func(*_to_zeros(args), **{k: _to_zeros(v) for k, v in kwargs.items()})
+            except Exception as exc:
+                self.fail_unsupported(
+                    info.name, f"no meta kernel; running it on zeros failed: {exc}"
+                )
+            return out
+        for name in info.out_args:
+            before = _shapes(self._arg(name, args, kwargs, info))
+            after = _shapes(self._arg(name, meta_args, meta_kwargs, info))
+            if before != after:
+                self.fail_unsupported(
+                    info.name, f"out= argument {name!r} would be resized from {before} to {after}"
+                )
+        return out
+
+    @staticmethod
+    def _arg(name: str, args: Any, kwargs: dict[str, Any], info: OpInfo) -> Any:
+        i = info.arg_names.index(name)
+        return args[i] if i < len(args) else kwargs.get(name)
+
+    def _template(self, value: Any, name: str, reads: list[int], writes: list[int],
+                  info: OpInfo, func: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            index = self.memref(value)
+            if name in info.written:
+                writes.append(index)
+            if name not in info.out_args and not (name == "self" and func in _OVERWRITE_SELF):
+                reads.append(index)
+            return Slot(index)
+        if type(value) in (list, tuple):
+            return type(value)(self._template(v, name, reads, writes, info, func) for v in value)
+        return value
+
+    def record(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], info: OpInfo | None = None
+    ) -> Any:
+        """Record ``func(*args, **kwargs)`` without running it; return what eager mode would
+        return (the written arguments themselves, and poisoned fresh outputs)."""
+        info = classify_op(func) if info is None else info
+        for t in (*_iter_tensors(args), *_iter_tensors(kwargs.values())):
+            if t.layout != torch.strided or t.is_quantized:
+                self.fail_unsupported(info.name, f"operand with layout {t.layout}, {t.dtype}")
+        meta_out = self._infer(func, args, kwargs, info)
+        reads: list[int] = []
+        writes: list[int] = []
+        names = info.arg_names
+        t_args = tuple(
+            self._template(v, names[i] if i < len(names) else "", reads, writes, info, func)
+            for i, v in enumerate(args)
+        )
+        t_kwargs = {k: self._template(v, k, reads, writes, info, func) for k, v in kwargs.items()}
+
+        n_returns = len(info.return_aliases)
+        returned = () if n_returns == 0 else ((meta_out,) if n_returns == 1 else tuple(meta_out))
+        results: list[Any] = []
+        outputs: list[int | None] = []
+        for alias, value in zip(info.return_aliases, returned, strict=True):
+            if alias is not None:
+                results.append(self._arg(alias, args, kwargs, info))
+                outputs.extend(None for _ in flatten_tensors(value))
+            elif isinstance(value, torch.Tensor):
+                t, index = self.allocate_like(value)
+                results.append(t)
+                outputs.append(index)
+                writes.append(index)
+            elif isinstance(value, (list, tuple)):
+                items = []
+                for v in value:
+                    if isinstance(v, torch.Tensor):
+                        t, index = self.allocate_like(v)
+                        items.append(t)
+                        outputs.append(index)
+                        writes.append(index)
+                    else:
+                        items.append(v)
+                        outputs.append(None)
+                results.append(type(value)(items))
+            else:
+                results.append(value)
+
+        cap = self.capture
+        op_index = len(self.ops)
+        read_records = []
+        for index in dict.fromkeys(reads):
+            ref = self.refs[index]
+            expected = None
+            if ref.block is not None:
+                last = ref.block.last_write
+                expected = last if last is not None and last.gen == ref.gen else None
+            read_records.append(ReadRecord(index, expected))
+        write_list = tuple(dict.fromkeys(writes))
+        stamps = []
+        for index in write_list:
+            ref = self.refs[index]
+            if ref.block is None:
+                stamps.append(None)
+                continue
+            stamp = WriteStamp(cap.serial, op_index, ref.gen, info.name)
+            # A capture predicts the state its first replay leaves behind: later captures'
+            # reads of this block expect this write.
+            self.undo.append((ref.block, ref.block.last_write))
+            ref.block.last_write = stamp
+            stamps.append(stamp)
+        self.ops.append(
+            RecordedOp(
+                index=op_index,
+                func=func,
+                name=info.name,
+                args=t_args,
+                kwargs=t_kwargs,
+                outputs=tuple(outputs) if any(o is not None for o in outputs) else (),
+                reads=tuple(read_records),
+                writes=write_list,
+                stamps=tuple(stamps),
+            )
+        )
+        if n_returns == 0:
+            return None
+        return results[0] if n_returns == 1 else tuple(results)
+
+
+class RecordingMode(TorchDispatchMode):
+    """The dispatch mode active on the capturing thread between ``capture_begin`` and the end
+    (or abort) of the capture. See the module docstring for the pipeline.
+
+    Once its capture has closed the mode is inert (everything runs eagerly) until the device
+    takes it off the mode stack, which it does at its next entry point even when other modes
+    were pushed above it.
+    """
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps __torch_dispatch__ in a dynamo-disable shim when this is true; that shim
+        # imports torch._dynamo on first use and costs time on every op. Nothing here compiles.
+        return False
+
+    def __init__(self, device: FakeDevice, capture: Capture) -> None:
+        super().__init__()
+        self.device = device
+        self.capture = capture
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: Args = (), kwargs: Kwargs | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        cap = self.capture
+        if cap.closed:
+            return func(*args, **kwargs)
+        if any(_has_own_dispatch(t) for t in types):
+            return NotImplemented
+        stream = self.device.current_stream()
+        info = classify_op(func)
+        if stream._capture is not cap:
+            # Issued on a stream outside the capture: CUDA runs it eagerly.
+            if info.kind == "sync":
+                self.device._host_sync(f"{info.name} ({info.reason})", touches_capture=False)
+            return func(*args, **kwargs)
+        if not _on_cpu(args, kwargs):
+            return func(*args, **kwargs)
+        recorder = cap.recorder
+        assert recorder is not None
+        handler = handler_for(func)
+        if handler is not None:
+            out = handler(recorder, func, args, kwargs)
+            if out is not NotImplemented:
+                return out
+        kind = info.kind
+        if kind == "view":
+            return func(*args, **kwargs)
+        if kind == "sync":
+            recorder.fail_sync(f"{info.name} ({info.reason})")
+        if kind == "random":
+            recorder.fail_unsupported(info.name, info.reason)
+        cap.note_work(stream)
+        return recorder.record(func, args, kwargs, info)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatch tables: special cases the schema cannot express
+# ---------------------------------------------------------------------------------------------
+
+
+@register_op_handler(
+    aten_ops(
+        "index.Tensor",
+        "index_put.default",
+        "index_put_.default",
+        "_index_put_impl_.default",
+        "_unsafe_index_put.default",
+    )
+)
+def _indexing(recorder: Recorder, func: Any, args: Args, kwargs: Kwargs) -> Any:
+    # Tagged dynamic_output_shape because a boolean mask makes the shape data-dependent;
+    # integer indices do not, and CUDA captures them.
+    indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+    for index in indices or ():
+        if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8):
+            recorder.fail_sync(f"{func.name()} with a boolean mask (data-dependent shape)")
+    recorder.capture.note_work(recorder.device.current_stream())
+    return recorder.record(func, args, kwargs)
+
+
+@register_op_handler(
+    aten_ops(
+        "empty.memory_format",
+        "empty_strided.default",
+        "empty_like.default",
+        "new_empty.default",
+        "new_empty_strided.default",
+        "empty_permuted.default",
+    )
+)
+def _allocation(recorder: Recorder, func: Any, args: Args, kwargs: Kwargs) -> Any:
+    # An allocation launches no kernel: pool memory, poisoned, and no recorded op.
+    return recorder.allocate_only(func, args, kwargs)
+
+
+@register_op_handler(aten_ops("lift_fresh.default"))
+def _host_constant(recorder: Recorder, func: Any, args: Args, kwargs: Kwargs) -> Any:
+    # torch.tensor(data) inside a capture: CUDA bakes host data into the graph, so the graph
+    # owns the constant instead of holding it weakly (it would die right after the call).
+    recorder.keep_alive(args[0])
+    return recorder.passthrough(func, args, kwargs)
+
+
+@register_op_handler(aten_ops("lift_fresh_copy.default"))
+def _host_constant_copy(
+    recorder: Recorder, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    recorder.keep_alive(args[0])
+    return NotImplemented
+
+
+@register_op_handler(
+    aten_ops(
+        "_unsafe_view.default",
+        "is_same_size.default",
+        "sym_size.int",
+        "sym_stride.int",
+        "sym_numel.default",
+        "sym_storage_offset.default",
+    )
+)
+def _no_kernel(recorder: Recorder, func: Any, args: Args, kwargs: Kwargs) -> Any:
+    # _unsafe_view aliases its input without a schema alias annotation; the sym_* and
+    # is_same_size ops read metadata only. None of them launches a kernel.
+    return recorder.passthrough(func, args, kwargs)
+
+
+@register_op_handler(aten_ops("record_stream.default"))
+def _record_stream(recorder: Recorder, func: Any, args: Args, kwargs: Kwargs) -> Any:
+    # Allocator bookkeeping only; the fake's pools do not need it.
+    return None
+
+
+@register_op_handler(aten_ops("resize_.default", "resize_as_.default"))
+def _resize(recorder: Recorder, func: Any, args: Args, kwargs: Kwargs) -> Any:
+    target = args[0]
+    size = args[1].shape if isinstance(args[1], torch.Tensor) else args[1]
+    needed = (target.storage_offset() + math.prod(size)) * target.element_size()
+    if needed > target.untyped_storage().nbytes():
+        recorder.fail_unsupported(
+            func.name(), "resizing beyond the storage would allocate outside the capture's pool"
+        )
+    return recorder.passthrough(func, args, kwargs)

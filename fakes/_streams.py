@@ -1,0 +1,221 @@
+"""Logical streams and events of the fake device, and the state of a capture in progress.
+
+The CPU runs everything in issue order, so streams carry no work queue. They carry what CUDA
+graph capture depends on: which capture a stream belongs to (the capturing stream, or a stream
+*forked* into the capture by waiting on it), which forks are not yet *joined* back into the
+capturing stream, and the capture's ``capture_error_mode``.
+
+Fork and join go through events, exactly as ``torch.cuda.Stream.wait_stream`` does
+(``self.wait_event(other.record_event())``): an event recorded on a capturing stream remembers,
+per stream of the capture, how far that stream's work had got; a stream outside the capture that
+waits on it joins the capture (a fork), and the capturing stream waiting on it marks the covered
+work as joined.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+if TYPE_CHECKING:
+    from ._allocator import FakePool
+    from ._device import FakeDevice
+    from ._graph import FakeCUDAGraph
+    from ._mode import Recorder, RecordingMode
+
+__all__ = ["FakeEvent", "FakeStream"]
+
+_stream_ids = itertools.count(0)
+_event_ids = itertools.count(1)
+
+
+class Capture:
+    """One capture in progress: its graph, pool, origin stream and forks, and its recorder.
+
+    ``unjoined`` maps each forked stream to the sequence number of its latest work (or fork)
+    that has not been joined back into ``origin``; ``capture_end`` requires it empty (``CAP-5``).
+    After the capture ends or aborts, ``closed`` is true and the heavy references are dropped.
+    """
+
+    def __init__(
+        self,
+        graph: FakeCUDAGraph,
+        origin: FakeStream,
+        pool: FakePool,
+        error_mode: str,
+        serial: int,
+    ) -> None:
+        self.graph: FakeCUDAGraph | None = graph
+        self.origin = origin
+        self.pool: FakePool | None = pool
+        self.error_mode = error_mode
+        self.serial = serial
+        self.thread = threading.get_ident()
+        self.streams: list[FakeStream] = [origin]
+        self.unjoined: dict[FakeStream, int] = {}
+        self.closed = False
+        self.mode: RecordingMode | None = None
+        self.recorder: Recorder | None = None
+
+    def fork(self, stream: FakeStream, covers: dict[FakeStream, int]) -> None:
+        stream._capture = self
+        stream._absorbed = dict(covers)
+        self.streams.append(stream)
+        self.note_work(stream)
+
+    def note_work(self, stream: FakeStream) -> None:
+        """Work (or a fork) issued on ``stream``: a forked stream is unjoined until joined."""
+        stream._seq += 1
+        if stream is not self.origin:
+            self.unjoined[stream] = stream._seq
+
+    def join(self, covers: dict[FakeStream, int]) -> None:
+        for stream, seq in covers.items():
+            if stream in self.unjoined and self.unjoined[stream] <= seq:
+                del self.unjoined[stream]
+
+    def close(self) -> None:
+        self.closed = True
+        for stream in self.streams:
+            stream._capture = None
+            stream._absorbed = {}
+        self.unjoined.clear()
+        self.graph = None
+        self.pool = None
+        self.recorder = None
+
+
+class FakeStream:
+    """A logical stream of a :class:`~fakes.FakeDevice` (``torch.cuda.Stream``'s shape).
+
+    Build streams as ``device.Stream()``: each device has its own subclass. Work runs in issue
+    order on the CPU; the stream tracks its capture status (``device.is_stream_capturing``) and
+    fork/join relations during capture.
+
+    ``wait_stream`` is an ordinary method looked up on the class, so code may wrap
+    ``device.Stream.wait_stream`` for the duration of a capture (``DEV-1``).
+    """
+
+    _device: ClassVar[FakeDevice]
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        if not hasattr(type(self), "_device"):
+            raise TypeError("create streams with device.Stream(), not FakeStream()")
+        self.priority = priority
+        self.stream_id = next(_stream_ids)
+        self._is_default = False
+        self._capture: Capture | None = None
+        self._seq = 0
+        self._absorbed: dict[FakeStream, int] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return self._device.device
+
+    @property
+    def is_default(self) -> bool:
+        """Whether this is the device's default stream (which cannot capture, ``CAP-3``)."""
+        return self._is_default
+
+    def wait_stream(self, stream: FakeStream) -> None:
+        """Make later work on ``self`` wait for the work issued so far on ``stream``.
+
+        During a capture, ``side.wait_stream(capturing)`` forks ``side`` into the capture (its
+        later work is recorded into the same graph) and ``capturing.wait_stream(side)`` joins it
+        back (``CAP-5``).
+        """
+        self.wait_event(stream.record_event())
+
+    def wait_event(self, event: FakeEvent) -> None:
+        """Make later work on ``self`` wait for ``event`` (a fork or join during capture)."""
+        if not isinstance(event, FakeEvent):
+            raise TypeError(f"event must be an Event of this device, got {event!r}")
+        self._device._on_wait(self, event)
+
+    def record_event(self, event: FakeEvent | None = None) -> FakeEvent:
+        """Record ``event`` (a new ``device.Event()`` if ``None``) on this stream; return it."""
+        if event is None:
+            event = self._device.Event()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        """Always ``True`` (the CPU ran everything). A host sync: ``SyncDuringCapture`` on a
+        stream of a capture, and on any stream unless ``capture_error_mode="relaxed"``."""
+        self._device._host_sync(f"{self!r}.query()", touches_capture=self._capture is not None)
+        return True
+
+    def synchronize(self) -> None:
+        """A no-op outside capture; a host sync (see :meth:`query`)."""
+        self._device._host_sync(
+            f"{self!r}.synchronize()", touches_capture=self._capture is not None
+        )
+
+    def __repr__(self) -> str:
+        kind = "default stream" if self._is_default else f"stream {self.stream_id}"
+        capturing = ", capturing" if self._capture is not None else ""
+        return f"<fake {kind}{capturing}>"
+
+
+class FakeEvent:
+    """A logical event of a :class:`~fakes.FakeDevice` (``torch.cuda.Event``'s shape).
+
+    Build events as ``device.Event()``. Recording on a capturing stream ties the event to that
+    capture: waiting on it forks or joins streams, and ``query()``/``synchronize()`` raise
+    ``SyncDuringCapture`` (``CAP-2``).
+    """
+
+    _device: ClassVar[FakeDevice]
+
+    def __init__(
+        self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
+    ) -> None:
+        self.enable_timing = enable_timing
+        self.blocking = blocking
+        self.interprocess = interprocess
+        self.event_id = next(_event_ids)
+        self._capture: Capture | None = None
+        self._covers: dict[FakeStream, int] = {}
+        self._recorded = False
+
+    def record(self, stream: FakeStream | None = None) -> None:
+        """Record the event on ``stream`` (the current stream if ``None``)."""
+        if stream is None:
+            stream = self._device.current_stream()
+        cap = stream._capture
+        self._recorded = True
+        self._capture = cap
+        self._covers = {stream: stream._seq, **stream._absorbed} if cap is not None else {}
+
+    def wait(self, stream: FakeStream | None = None) -> None:
+        """Make ``stream`` (the current stream if ``None``) wait for the event."""
+        if stream is None:
+            stream = self._device.current_stream()
+        stream.wait_event(self)
+
+    def _in_live_capture(self) -> bool:
+        return self._capture is not None and not self._capture.closed
+
+    def query(self) -> bool:
+        """Always ``True`` outside capture. A host sync (see :meth:`FakeStream.query`)."""
+        self._device._host_sync(f"{self!r}.query()", touches_capture=self._in_live_capture())
+        return True
+
+    def synchronize(self) -> None:
+        """A no-op outside capture. A host sync (see :meth:`FakeStream.query`)."""
+        self._device._host_sync(
+            f"{self!r}.synchronize()", touches_capture=self._in_live_capture()
+        )
+
+    def elapsed_time(self, end_event: FakeEvent) -> float:
+        """``0.0``: the fake keeps no time. Both events need ``enable_timing=True``."""
+        if not (self.enable_timing and end_event.enable_timing):
+            raise ValueError("elapsed_time needs both events created with enable_timing=True")
+        self._device._host_sync("Event.elapsed_time()", touches_capture=self._in_live_capture())
+        return 0.0
+
+    def __repr__(self) -> str:
+        return f"<fake event {self.event_id}>"

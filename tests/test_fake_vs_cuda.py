@@ -1,0 +1,147 @@
+"""The fake's fidelity, measured: the same generated programs captured and replayed on the CPU
+fake and on real CUDA graphs give identical results (bit for bit for integer programs, within
+float tolerance otherwise).
+
+Runs in ``nox -s gpu`` (skipped without CUDA by ``tests/conftest.py``). Programs are hazard-free
+(one graph, inputs held by the test): the fake is deliberately stricter than CUDA about hazards,
+so only hazard-free programs can agree. CUDA is driven through ``torch.cuda`` directly, never
+through ``impl``. How many programs were compared is printed at the end of the module (visible
+with ``-s``) and written to ``reports/fake_vs_cuda.txt``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import fakes
+
+from .strategies import Program, programs
+
+pytestmark = pytest.mark.gpu
+
+REPORT = Path(__file__).resolve().parents[1] / "reports" / "fake_vs_cuda.txt"
+
+seeds = st.integers(0, 2**31 - 1)
+
+
+@pytest.fixture(scope="module")
+def compared() -> Iterator[Counter[str]]:
+    """Counts the programs compared; reports the total when the module is done."""
+    counts: Counter[str] = Counter()
+    yield counts
+    line = (
+        f"fake vs CUDA: {counts['programs']} programs compared "
+        f"({counts['integer']} integer-only, bit for bit; {counts['float']} with floats, "
+        f"within tolerance; {counts['replays']} replays) on torch {torch.__version__}, "
+        f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA'}"
+    )
+    print(f"\n{line}")
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    REPORT.write_text(line + "\n", encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def fake() -> fakes.FakeDevice:
+    return fakes.FakeDevice()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _exact_float32_matmul() -> Iterator[None]:
+    """TF32 would make CUDA matmuls differ from the CPU's by far more than rounding."""
+    saved = (
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.get_float32_matmul_precision(),
+    )
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+    torch.set_float32_matmul_precision(saved[2])
+
+
+def run_on_fake(
+    device: fakes.FakeDevice, program: Program, seed0: int, seed1: int, replays: int
+) -> list[torch.Tensor]:
+    """Capture with inputs from ``seed0``, load inputs from ``seed1``, replay ``replays`` times;
+    the outputs, then the inputs (which steps may update in place)."""
+    statics = program.make_inputs(seed0)
+    graph = device.CUDAGraph()
+    with device.graph(graph):
+        outputs = program.run(statics)
+    for static, new in zip(statics, program.make_inputs(seed1), strict=True):
+        static.copy_(new)
+    for _ in range(replays):
+        graph.replay()
+    return [t.clone() for t in (*outputs, *statics)]
+
+
+def run_on_cuda(program: Program, seed0: int, seed1: int, replays: int) -> list[torch.Tensor]:
+    """:func:`run_on_fake` on a real ``torch.cuda.CUDAGraph``; results copied to the CPU."""
+    cuda = torch.device("cuda")
+    statics = program.make_inputs(seed0, cuda)
+    stream = torch.cuda.Stream()
+    # Warm up on the capture stream (lazy cuBLAS and kernel initialisation must not happen
+    # during capture), on copies so that the static inputs stay as they are.
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        program.run([s.clone() for s in statics])
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        outputs = program.run(statics)
+    for static, new in zip(statics, program.make_inputs(seed1, cuda), strict=True):
+        static.copy_(new)
+    for _ in range(replays):
+        graph.replay()
+    torch.cuda.synchronize()
+    results = [t.cpu() for t in (*outputs, *statics)]
+    del graph, outputs, statics
+    return results
+
+
+@pytest.mark.clause("FAKE-3", "FAKE-4", "RPL-1")
+@given(
+    program=st.one_of(programs(), programs(accumulate=True)),
+    seed0=seeds,
+    seed1=seeds,
+    replays=st.integers(1, 3),
+)
+def test_fake_matches_cuda(
+    fake: fakes.FakeDevice,
+    compared: Counter[str],
+    program: Program,
+    seed0: int,
+    seed1: int,
+    replays: int,
+) -> None:
+    on_fake = run_on_fake(fake, program, seed0, seed1, replays)
+    on_cuda = run_on_cuda(program, seed0, seed1, replays)
+    assert len(on_fake) == len(on_cuda)
+    names = [f"output {i}" for i in range(len(program.outputs))]
+    names += [f"input r{i}" for i in range(len(program.inputs))]
+    for name, f, c in zip(names, on_fake, on_cuda, strict=True):
+        assert (f.shape, f.dtype) == (c.shape, c.dtype), (
+            f"{name}: fake {f.shape} {f.dtype}, CUDA {c.shape} {c.dtype}\n{program}"
+        )
+        if f.dtype.is_floating_point:
+            assert not program.integer_only
+            torch.testing.assert_close(
+                f, c, rtol=1e-3, atol=1e-3, equal_nan=True,
+                msg=lambda m, name=name: f"{name}: fake vs CUDA: {m}\n{program}",
+            )
+        else:
+            # Integer and bool registers never depend on computed floats: exact everywhere.
+            assert torch.equal(f, c), f"{name}: fake\n{f}\nCUDA\n{c}\n{program}"
+    compared["programs"] += 1
+    compared["integer" if program.integer_only else "float"] += 1
+    compared["replays"] += replays
