@@ -36,13 +36,23 @@ def _pytest(session: nox.Session, *args: str) -> None:
     session.run("python", "-m", "pytest", "-p", "conformance.plugin", *args, *session.posargs)
 
 
+def _conformance(session: nox.Session, *args: str) -> None:
+    session.run("python", "-m", "conformance", f"--report-dir={REPORTS}", *args)
+
+
 @nox.session
 def cpu(session: nox.Session) -> None:
-    """The whole suite on the CPU fake: project tests (benchmarks as smoke runs) and the
-    conformance suite with ``--backend=fake``."""
+    """The whole suite on the CPU fake: project tests (benchmarks as smoke runs), the
+    conformance suite with ``--backend=fake``, and the example third-party adapter with its
+    known failures (``examples/toy_engine.xfail``)."""
     _install(session, "test")
     _pytest(session, "tests", "--benchmark-disable")
-    _pytest(session, "--pyargs", "conformance", "--backend=fake")
+    _conformance(session, "--backend=fake")
+    _conformance(
+        session,
+        "--backend=examples.toy_engine:make_adapter",
+        "--xfail-file=examples/toy_engine.xfail",
+    )
 
 
 @nox.session(venv_backend="none")
@@ -57,7 +67,7 @@ def gpu(session: nox.Session) -> None:
         "'nox -s gpu needs a CUDA device: torch.cuda.is_available() is False')",
     )
     _pytest(session, "tests", "--benchmark-disable")
-    _pytest(session, "--pyargs", "conformance", "--backend=cuda")
+    _conformance(session, "--backend=cuda")
 
 
 @nox.session
@@ -78,10 +88,11 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def conformance(session: nox.Session) -> None:
-    """The main job: the conformance suite against a backend (``fake`` unless
-    ``CONFORMANCE_BACKEND`` or ``-- --backend=...`` says otherwise)."""
+    """The main job: ``python -m conformance`` against a backend (``fake`` unless
+    ``$CONFORMANCE_BACKEND`` or ``nox -s conformance -- --backend NAME`` says otherwise); writes
+    ``reports/conformance.md`` and ``reports/conformance.json`` and prints the clause summary."""
     _install(session, "test")
-    _pytest(session, "--pyargs", "conformance")
+    _conformance(session, *session.posargs)
 
 
 @nox.session

@@ -345,10 +345,14 @@ def test_copies_are_grouped_per_dtype_pair(registry_api: Any, device: Any) -> No
     with _OpLog() as log:
         reg.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
     copies = [op for op in log.ops if "copy" in op]
-    # (int64 <- int64) for the int64 slots, (int32 <- int64) for the two int32 cache-location
-    # slots; on an accelerator the host mirror seq_lens_cpu is copied on its own, last.
-    expected = ["_foreach_copy_", "_foreach_copy_"] + (["copy_"] if where.type != "cpu" else [])
+    zeros = [op for op in log.ops if "zero" in op]
+    # Dense int64 and int32 destinations: one foreach each; the strided mrope column block on
+    # its own; on an accelerator the host mirror seq_lens_cpu last.
+    expected = ["_foreach_copy_", "_foreach_copy_", "copy_"]
+    expected += ["copy_"] if where.type != "cpu" else []
     assert copies == expected, f"copy ops: {copies}, expected {expected}"
+    # Pad resets: int64 (positions, req_pool_indices), int32 (out_cache_loc, _swa), mrope.
+    assert zeros == ["_foreach_zero_"] * 3, f"zero ops: {zeros}"
 
 
 @pytest.mark.clause("REG-5")

@@ -39,10 +39,14 @@ def _describe(value: Any) -> str:
 _MAX_PLANS = 4096
 
 
+def _dense(t: torch.Tensor) -> bool:
+    return t.is_contiguous()
+
+
 @dataclasses.dataclass(frozen=True)
 class _FillPlan:
     ctx: FillContext
-    zero: list[torch.Tensor]
+    zero: list[list[torch.Tensor]]  # one _foreach_zero_ per (dtype, device) of dense regions
     sentinel: list[tuple[torch.Tensor, Any]]
     heads: list[tuple[GraphSlot, torch.Tensor, torch.Size]]
     computed: list[GraphSlot]
@@ -70,8 +74,8 @@ class CudaGraphBufferRegistry:
 
     1. *pad reset* on every enabled slot, per its :class:`PaddingPolicy` (``REG-3``);
     2. *copies* of the raw heads from the batch object (``REG-5``), one ``torch._foreach_copy_``
-       per ``(destination dtype, source dtype)`` group for device destinations, then host
-       destinations one by one;
+       per ``(destination dtype, source dtype)`` group of dense device destinations, then
+       strided or cross-device pairs one by one, then host destinations one by one;
     3. ``post_fill`` hooks, in registration order, each given the whole buffer.
 
     Every size and every source is checked before anything is written, so a rejected fill leaves
@@ -201,7 +205,7 @@ class CudaGraphBufferRegistry:
         if plan is not None:
             return plan
         ctx = self._context(*key)
-        zero: list[torch.Tensor] = []
+        zero: dict[Any, list[torch.Tensor]] = {}
         sentinel: list[tuple[torch.Tensor, Any]] = []
         heads: list[tuple[GraphSlot, torch.Tensor, torch.Size]] = []
         computed: list[GraphSlot] = []
@@ -215,7 +219,10 @@ class CudaGraphBufferRegistry:
             if raw is not None and raw < padded:
                 region = slot.buffer.narrow(slot._axis_dim, raw, padded - raw)
                 if slot.padding_policy is PaddingPolicy.ZERO:
-                    zero.append(region)
+                    # A foreach over mixed dtypes or strided views falls back to one kernel
+                    # per tensor: group dense regions by dtype, give strided ones their own.
+                    group = (region.dtype, region.device) if _dense(region) else len(zero)
+                    zero.setdefault(group, []).append(region)
                 elif slot.padding_policy is PaddingPolicy.FILL_SENTINEL:
                     sentinel.append((region, slot.pad_value))
             if not slot.copy_from_fb:
@@ -228,7 +235,9 @@ class CudaGraphBufferRegistry:
         hooks = [(s.post_fill, s.buffer) for s in self._enabled() if s.post_fill is not None]
         if len(self._plans) >= _MAX_PLANS:
             self._plans.clear()
-        plan = self._plans[key] = _FillPlan(ctx, zero, sentinel, heads, computed, hooks)
+        plan = self._plans[key] = _FillPlan(
+            ctx, list(zero.values()), sentinel, heads, computed, hooks
+        )
         return plan
 
     @staticmethod
@@ -306,22 +315,29 @@ class CudaGraphBufferRegistry:
                 copies.append(pair)
 
         # Everything is checked: from here on, the fill writes.
-        if plan.zero:
-            torch._foreach_zero_(plan.zero)
+        for regions in plan.zero:
+            torch._foreach_zero_(regions)
         for region, value in plan.sentinel:
             region.fill_(value)
         groups: dict[tuple[torch.dtype, torch.dtype], tuple[list, list]] = {}
+        single: list[tuple[torch.Tensor, torch.Tensor]] = []
         host_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         device_is_host = self.device.type == "cpu"
         for dst, src in copies:
             if not device_is_host and dst.device.type == "cpu":
                 host_copies.append((dst, src))
-                continue
-            dsts, srcs = groups.setdefault((dst.dtype, src.dtype), ([], []))
-            dsts.append(dst)
-            srcs.append(src)
+            elif src.device != dst.device or not (_dense(dst) and _dense(src)):
+                # The foreach fast path needs dense tensors on one device; one such pair in a
+                # group would make the whole group take the per-tensor fallback.
+                single.append((dst, src))
+            else:
+                dsts, srcs = groups.setdefault((dst.dtype, src.dtype), ([], []))
+                dsts.append(dst)
+                srcs.append(src)
         for dsts, srcs in groups.values():
             torch._foreach_copy_(dsts, srcs)
+        for dst, src in single:
+            dst.copy_(src)
         # Host mirrors last: a device-to-host copy would wait for the device work queued above.
         for dst, src in host_copies:
             dst.copy_(src)

@@ -20,9 +20,10 @@ define(
             post_fill hooks in registration order, each hook given the whole buffer."""),
         ("REG-5", """The head [0:raw] of a slot is copied from the batch attribute of the slot's
             name (skipped when missing or None, or with copy_from_fb False); with source_fn, from
-            its result into the source-length prefix (skipped when None). Device copies are
-            grouped by (destination dtype, source dtype) into one foreach copy per group; host
-            destinations of a device registry are copied after them."""),
+            its result into the source-length prefix (skipped when None). Copies into dense
+            device destinations are grouped by (destination dtype, source dtype) into one foreach
+            copy per group, strided ones are copied on their own, and host destinations of a
+            device registry are copied after all of them."""),
         ("REG-6", """slot.slice_for(padded_bs, padded_num_tokens) returns a view, never a copy,
             of the padded prefix (slice_fn's when given; the whole buffer for axis 'none'); before
             the slot has a buffer it raises RuntimeError."""),
