@@ -23,6 +23,19 @@ def _shares_memory(view: torch.Tensor, base: torch.Tensor) -> bool:
     return view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
 
 
+def _decode(api: Any, where: torch.device, **overrides: Any) -> Any:
+    """A decode registry of 2 requests and 4 tokens (``overrides`` change any argument)."""
+    kwargs: dict[str, Any] = dict(
+        device=where,
+        max_bs=2,
+        max_num_token=4,
+        seq_len_fill_value=1,
+        cache_loc_dtype=torch.int64,
+        share_pool=False,
+    )
+    return api.build_decode_registry(**{**kwargs, **overrides})
+
+
 class _OpLog(TorchDispatchMode):
     """Records the aten ops a block of code dispatches (the kernels it would launch)."""
 
@@ -169,14 +182,7 @@ def test_registration_initialises_buffers_per_policy(registry_api: Any, device: 
 @pytest.mark.clause("REG-2")
 def test_buffers_never_move_across_fills(registry_api: Any, device: Any) -> None:
     where = device.device
-    reg = registry_api.build_decode_registry(
-        device=where,
-        max_bs=4,
-        max_num_token=8,
-        seq_len_fill_value=1,
-        cache_loc_dtype=torch.int64,
-        share_pool=False,
-    )
+    reg = _decode(registry_api, where, max_bs=4, max_num_token=8)
     before = {n: reg.get_slot(n).buffer.data_ptr() for n in reg.slot_names()}
     fb = SimpleNamespace(input_ids=torch.arange(5), seq_lens=torch.tensor([1, 2]))
     reg.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=5, padded_num_tokens=8)
@@ -323,14 +329,13 @@ def test_source_fn_fills_source_length_prefix_and_none_skips(
 @pytest.mark.clause("REG-5")
 def test_copies_are_grouped_per_dtype_pair(registry_api: Any, device: Any) -> None:
     where = device.device
-    reg = registry_api.build_decode_registry(
-        device=where,
+    reg = _decode(
+        registry_api,
+        where,
         max_bs=4,
         max_num_token=8,
-        seq_len_fill_value=1,
         cache_loc_dtype=torch.int32,
         is_hybrid_swa=True,
-        share_pool=False,
     )
     fb = SimpleNamespace(
         input_ids=torch.arange(3, device=where),
@@ -461,17 +466,15 @@ def _table(reg: Any) -> dict[str, tuple]:
 @pytest.mark.clause("REG-9")
 def test_decode_registry_slot_table(registry_api: Any, device: Any) -> None:
     where = device.device
-    reg = registry_api.build_decode_registry(
-        device=where,
-        max_bs=2,
-        max_num_token=4,
+    reg = _decode(
+        registry_api,
+        where,
         seq_len_fill_value=7,
         cache_loc_dtype=torch.int32,
         is_hybrid_swa=True,
         enable_mamba_track=True,
         is_encoder_decoder=True,
         encoder_len_fill_value=3,
-        share_pool=False,
     )
     i64, i32, dev = torch.int64, torch.int32, where.type
     assert _table(reg) == {
@@ -491,14 +494,7 @@ def test_decode_registry_slot_table(registry_api: Any, device: Any) -> None:
     assert reg.get_slot("seq_lens_cpu").buffer.device.type == "cpu"
     assert reg.get_slot("encoder_lens").buffer.tolist() == [3, 3]
     assert reg.get_slot("mrope_positions").slice_for(1, 2).shape == (3, 2)
-    plain = registry_api.build_decode_registry(
-        device=where,
-        max_bs=2,
-        max_num_token=4,
-        seq_len_fill_value=7,
-        cache_loc_dtype=torch.int64,
-        share_pool=False,
-    )
+    plain = _decode(registry_api, where, seq_len_fill_value=7)
     assert len(plain.slot_names()) == 7
 
 
@@ -544,34 +540,13 @@ def test_prefill_registry_slot_table(registry_api: Any, device: Any) -> None:
 @pytest.mark.clause("REG-11")
 def test_builders_bind_to_source_fields(registry_api: Any, device: Any) -> None:
     where = device.device
-    src = registry_api.build_decode_registry(
-        device=where,
-        max_bs=2,
-        max_num_token=4,
-        seq_len_fill_value=1,
-        cache_loc_dtype=torch.int64,
-        share_pool=False,
-    )
+    src = _decode(registry_api, where)
     fields = SimpleNamespace(**{n: src.get_slot(n).buffer for n in src.slot_names()})
     fields.seq_lens.fill_(42)
-    bound = registry_api.build_decode_registry(
-        device=where,
-        max_bs=2,
-        max_num_token=4,
-        seq_len_fill_value=1,
-        cache_loc_dtype=torch.int64,
-        source=fields,
-    )
+    bound = _decode(registry_api, where, source=fields, share_pool=True)
     for name in bound.slot_names():
         assert bound.get_slot(name).buffer is getattr(fields, name), name
     assert fields.seq_lens.tolist() == [42, 42], "a bound tensor must not be re-filled"
     del fields.positions
     with pytest.raises(ValueError):
-        registry_api.build_decode_registry(
-            device=where,
-            max_bs=2,
-            max_num_token=4,
-            seq_len_fill_value=1,
-            cache_loc_dtype=torch.int64,
-            source=fields,
-        )
+        _decode(registry_api, where, source=fields, share_pool=True)
