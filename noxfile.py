@@ -97,7 +97,9 @@ def conformance(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over every package, the tests and this file."""
+    """ruff over every package, the tests, the examples and this file."""
     if session.venv_backend != "none":
         session.install("ruff")
-    session.run("ruff", "check", "spec", "impl", "fakes", "conformance", "tests", "noxfile.py")
+    session.run(
+        "ruff", "check", "spec", "impl", "fakes", "conformance", "tests", "examples", "noxfile.py"
+    )
