@@ -27,6 +27,7 @@ Capability = Literal[
     "unsupported_ops",
     "backend_errors",
     "node_count",
+    "simulator",
 ]
 """What a backend can show, beyond the protocol every backend keeps:
 
@@ -41,6 +42,11 @@ Capability = Literal[
 - ``backend_errors``: capture failures come from a lower layer (the CUDA driver) and are mapped
   onto spec errors with the original as ``__cause__`` (``CUDA-2``).
 - ``node_count``: ``graph_node_count`` works (on CUDA it needs ``cuda-python``).
+- ``simulator``: the device simulates capture on the host and exposes the fake's introspection
+  (:mod:`fakes`): fresh capture outputs hold the poison pattern (``fakes.poison_value``),
+  ``device.cache_info()`` counts pools and blocks, and the op-handler registry
+  (``fakes.register_op_handler``, ``fakes.classify_op``) decides what is recorded
+  (``FAKE-1`` .. ``FAKE-12``).
 """
 
 CAPABILITIES: Final[frozenset[str]] = frozenset(get_args(Capability))
@@ -175,7 +181,7 @@ def _fake() -> Backend:
         "fake",
         lambda: spec.get_device("fake"),
         ["hazard_errors", "exact_capture_errors", "aten_op_names", "unsupported_ops",
-         "node_count"],
+         "node_count", "simulator"],
         registry=impl,
         breakable=impl,
     )

@@ -35,6 +35,7 @@ __all__ = [
     "capture_failure",
     "fork_across_break",
     "result_needed_after_later_break",
+    "unrelated_syncs",
 ]
 
 
@@ -83,7 +84,7 @@ def _breakable_api(backend_name: str) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
-# Capture errors (CAP-1 .. CAP-7, CUDA-2)
+# Capture errors (CAP-1 .. CAP-7, CUDA-2, FAKE-9)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -143,6 +144,45 @@ def _unjoined(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
             x.mul_(3)
 
 
+def _forked_is_capturing(device: DeviceModule, side: Any) -> None:
+    if not device.is_stream_capturing(side):
+        raise ScenarioMismatch("a stream forked into the capture is not capturing (DEV-3)")
+
+
+def _unjoined_after_join(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
+    side = device.Stream()
+    with device.graph(g):
+        capturing = device.current_stream()
+        side.wait_stream(capturing)
+        _forked_is_capturing(device, side)
+        with device.stream(side):
+            x.mul_(3)
+        capturing.wait_stream(side)
+        with device.stream(side):
+            x.mul_(5)  # work after the join: unjoined again
+
+
+def _unjoined_event_fork(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
+    side = device.Stream()
+    with device.graph(g):
+        side.wait_event(device.current_stream().record_event())  # a fork through an event
+        _forked_is_capturing(device, side)
+        with device.stream(side):
+            x.mul_(3)
+
+
+def _external_event_wait(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
+    # Marks work issued before the capture (say, the copy of this step's inputs). A capture
+    # may not depend on uncaptured work: CUDA fails the wait with
+    # cudaErrorStreamCaptureIsolation and invalidates the capture (CAP-6).
+    inputs_ready = device.Event()
+    inputs_ready.record(device.current_stream())
+    with device.graph(g):
+        x.add_(1)
+        device.current_stream().wait_event(inputs_ready)
+        x.mul_(2)
+
+
 def _user_error(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
     with device.graph(g):
         x.add_(1)
@@ -164,6 +204,9 @@ CAPTURE_FAILURES: dict[str, Callable[[DeviceModule, Any, torch.Tensor], None]] =
     "nested": _nested,
     "nested_begin": _nested_begin,
     "unjoined": _unjoined,
+    "unjoined_after_join": _unjoined_after_join,
+    "unjoined_event_fork": _unjoined_event_fork,
+    "external_event_wait": _external_event_wait,
     "user_error": _user_error,
     "rng": _rng,
 }
@@ -187,6 +230,43 @@ def capture_failure(device: DeviceModule, case: str) -> dict[str, Any]:
         replay_error = exc
     return {
         "error": describe_error(error),
+        "replay_error": describe_error(replay_error),
+        "capturing_after": device.is_current_stream_capturing(),
+    }
+
+
+def unrelated_syncs(device: DeviceModule, mode: str) -> dict[str, Any]:
+    """A capture in ``capture_error_mode=mode`` that queries and synchronizes an event and a
+    stream unrelated to it, then synchronizes the capturing stream (``FAKE-9``): report how far
+    it got, its error, what replaying the graph then raises, and whether a capture is left."""
+    other = device.Stream()
+    done = device.Event()
+    done.record(other)  # recorded before the capture, on a stream outside it
+    x = torch.ones(3, device=device.device)
+    g = device.CUDAGraph()
+    unrelated_passed = False
+    answers: list[bool] = []
+    error: BaseException | None = None
+    try:
+        with device.graph(g, capture_error_mode=mode):
+            _ = x + 1
+            answers.append(done.query())  # first: cudaEventQuery is refused outside "relaxed"
+            answers.append(other.query())
+            other.synchronize()
+            done.synchronize()
+            unrelated_passed = True
+            device.current_stream().synchronize()  # involves the capture: never allowed
+    except Exception as exc:
+        error = exc
+    replay_error: BaseException | None = None
+    try:
+        g.replay()
+    except Exception as exc:
+        replay_error = exc
+    return {
+        "error": describe_error(error),
+        "unrelated_passed": unrelated_passed,
+        "answers": [bool(a) for a in answers],
         "replay_error": describe_error(replay_error),
         "capturing_after": device.is_current_stream_capturing(),
     }

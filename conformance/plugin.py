@@ -132,6 +132,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def _default_hypothesis_profile() -> None:
+    """Scenarios with hypothesis get no deadline (a capture's first run is slow) and, under CI,
+    a derandomized run without an example database, unless the host project chose a profile."""
+    from hypothesis import HealthCheck, settings
+
+    current = getattr(settings, "get_current_profile_name", None)
+    name = current() if current else getattr(settings, "_current_profile", "default")
+    if name != "default" or os.environ.get("HYPOTHESIS_PROFILE"):
+        return
+    ci: dict[str, Any] = {"derandomize": True, "database": None} if os.environ.get("CI") else {}
+    settings.register_profile(
+        "conformance", deadline=None, suppress_health_check=[HealthCheck.too_slow], **ci
+    )
+    settings.load_profile("conformance")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
@@ -143,6 +159,7 @@ def pytest_configure(config: pytest.Config) -> None:
         f"backend without them ({', '.join(sorted(CAPABILITIES))})",
     )
     config.stash[state_key] = ConformanceState.from_config(config)
+    _default_hypothesis_profile()
 
 
 def pytest_report_header(config: pytest.Config) -> str:

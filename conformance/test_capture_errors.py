@@ -6,9 +6,15 @@ from __future__ import annotations
 import pytest
 
 from conformance import ErrorInfo, run_scenario
-from conformance._scenarios import backend_ref, breakable_failure, capture_failure
+from conformance._scenarios import (
+    backend_ref,
+    breakable_failure,
+    capture_failure,
+    unrelated_syncs,
+)
 from spec import (
     CaptureError,
+    CaptureInvalidated,
     DefaultStreamCapture,
     GraphNotReady,
     NestedCapture,
@@ -35,6 +41,18 @@ CASES = [
     pytest.param("nested", NestedCapture, marks=pytest.mark.clause("CAP-4", "CAP-1")),
     pytest.param("nested_begin", NestedCapture, marks=pytest.mark.clause("CAP-4", "CAP-1")),
     pytest.param("unjoined", UnjoinedStream, marks=pytest.mark.clause("CAP-5", "CAP-1")),
+    pytest.param(
+        "unjoined_after_join", UnjoinedStream, marks=pytest.mark.clause("CAP-5", "CAP-1", "DEV-3")
+    ),
+    pytest.param(
+        "unjoined_event_fork", UnjoinedStream, marks=pytest.mark.clause("CAP-5", "CAP-1", "DEV-3")
+    ),
+    # The capturing stream waits on an event recorded before the capture began: CUDA refuses
+    # the dependency on uncaptured work (cudaErrorStreamCaptureIsolation) and the capture ends
+    # invalidated (cudaErrorStreamCaptureInvalidated).
+    pytest.param(
+        "external_event_wait", CaptureInvalidated, marks=pytest.mark.clause("CAP-6", "CAP-1")
+    ),
     pytest.param(
         "rng",
         UnsupportedInCapture,
@@ -86,6 +104,45 @@ def test_backend_failure_keeps_the_original_as_cause(backend) -> None:
     error = _error(outcome.value, "error")
     assert error is not None and error.is_a(CaptureError), f"expected a CaptureError, got {error}"
     assert error.cause is not None, f"{error} carries no __cause__"
+
+
+@pytest.mark.clause("CAP-6", "CUDA-2")
+@pytest.mark.capability("backend_errors")
+def test_invalidated_capture_keeps_the_backend_error_as_cause(backend) -> None:
+    outcome = run_scenario(backend, capture_failure, "external_event_wait")
+    assert outcome.error is None, outcome.describe()
+    error = _error(outcome.value, "error")
+    wanted = CaptureInvalidated if backend.has("exact_capture_errors") else CaptureError
+    assert error is not None and error.is_a(wanted), f"expected {wanted.__name__}, got {error}"
+    assert error.cause is not None, f"{error} carries no __cause__ (the backend's error)"
+    assert outcome.usable_after, f"device unusable afterwards: {outcome.usable_detail}"
+
+
+@pytest.mark.clause("FAKE-9", "CAP-2", "CAP-1")
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+def test_capture_error_mode_governs_unrelated_syncs(backend, mode: str) -> None:
+    """Querying and synchronizing an event and a stream unrelated to the capture pass only in
+    ``relaxed`` mode; synchronizing the capturing stream raises in every mode."""
+    outcome = run_scenario(backend, unrelated_syncs, mode)
+    assert outcome.error is None, f"scenario failed outside the capture: {outcome.describe()}"
+    state = outcome.value
+    assert state["unrelated_passed"] == (mode == "relaxed"), (
+        f"mode {mode!r}: unrelated syncs passed: {state['unrelated_passed']}, "
+        f"expected {mode == 'relaxed'}"
+    )
+    if mode == "relaxed":
+        assert state["answers"] == [True, True], (
+            f"the idle event and stream answered {state['answers']}, expected [True, True]"
+        )
+    error = _error(state, "error")
+    wanted = SyncDuringCapture if backend.has("exact_capture_errors") else CaptureError
+    assert error is not None and error.is_a(wanted), (
+        f"mode {mode!r}: expected {wanted.__name__}, got {error}"
+    )
+    replay = _error(state, "replay_error")
+    assert replay is not None and replay.is_a(GraphNotReady), f"replay raised {replay}"
+    assert not state["capturing_after"], f"mode {mode!r}: a capture was left open"
+    assert outcome.usable_after, f"device unusable afterwards: {outcome.usable_detail}"
 
 
 @pytest.mark.clause("BCG-10", "CAP-1")

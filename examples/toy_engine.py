@@ -60,7 +60,7 @@ def make_adapter() -> Adapter:
         device=fakes.FakeDevice,
         registry=registry,
         capabilities=["hazard_errors", "exact_capture_errors", "aten_op_names",
-                      "unsupported_ops", "node_count"],
+                      "unsupported_ops", "node_count", "simulator"],
         isolate_failures=False,
         name="toy-engine",
     )

@@ -123,6 +123,10 @@ class FakeDevice:
        capture at once: the device is clean right away (``CAP-1``), later ops of the captured
        code run eagerly, and ``capture_end()`` raises the error again.
 
+    .. note:: A capturing stream (or a stream forked into the capture) that waits on an event
+       recorded outside the capture (before it began, or on a stream not part of it) invalidates
+       the capture with ``CaptureInvalidated``, as CUDA does (``CAP-6``).
+
     .. note:: ``capture_begin`` and ``capture_end`` must run on the same thread; the recorder
        sees the capturing thread's ops only.
     """
@@ -364,6 +368,18 @@ class FakeDevice:
 
     def _on_wait(self, waiter: FakeStream, event: FakeEvent) -> None:
         cap = event._capture
+        own = waiter._capture
+        if own is not None and event._recorded and cap is not own:
+            # A capturing stream may depend only on work of its own capture: CUDA refuses a
+            # wait on an event recorded outside it (cudaErrorStreamCaptureIsolation) and
+            # invalidates the capture (CAP-6).
+            raise self._fail_capture(
+                own,
+                CaptureInvalidated(
+                    f"{waiter!r} waited on {event!r}, which was recorded outside the capture",
+                    detail="a capturing stream may only wait on work recorded in its capture",
+                ),
+            )
         if cap is None or cap.closed:
             return
         if waiter._capture is None:

@@ -130,7 +130,12 @@ class FakeStream:
         self.wait_event(stream.record_event())
 
     def wait_event(self, event: FakeEvent) -> None:
-        """Make later work on ``self`` wait for ``event`` (a fork or join during capture)."""
+        """Make later work on ``self`` wait for ``event`` (a fork or join during capture).
+
+        While ``self`` captures, ``event`` must have been recorded in the same capture (or never
+        recorded: a no-op, as in torch): waiting on work outside the capture raises
+        ``CaptureInvalidated`` and aborts the capture (``CAP-6``).
+        """
         if not isinstance(event, FakeEvent):
             raise TypeError(f"event must be an Event of this device, got {event!r}")
         self._device._on_wait(self, event)

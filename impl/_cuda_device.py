@@ -57,6 +57,9 @@ _CUDA_CAPTURE_INVALIDATED: Final = 901  # an earlier error invalidated the captu
 _CUDA_CAPTURE_UNJOINED: Final = 904  # a forked stream was not joined back
 _CUDA_CAPTURE_IMPLICIT: Final = 906  # the legacy stream would depend on a capturing stream
 _CUDA_CAPTURED_EVENT: Final = 907  # query/sync of an event recorded in a capture
+# Any other CUDA code (and 900/907 at capture_end) becomes CaptureInvalidated (CAP-6), e.g. 905,
+# cudaErrorStreamCaptureIsolation, raised by a capturing stream's wait on an event recorded
+# outside the capture, and the 901 of the capture_end that follows it.
 
 # When an error carries no ``error_code`` (torch < 2.8 raised plain RuntimeError), the CUDA
 # error string is the only clue. These are the driver's fixed descriptions, not torch's prose.

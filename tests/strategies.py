@@ -1,10 +1,11 @@
-"""The project's hypothesis strategies, one import point (the topic modules are private).
+"""The project's hypothesis strategies, one import point for ``tests/``.
 
-The registry's strategies drive the conformance suite against any implementation, so they live
-with those scenarios (``conformance/_registry_strategies.py``).
+The strategies also drive the conformance suite against any backend, so they live with it:
+random tensor programs in ``conformance/_program_strategies.py`` (re-exported here), the
+registry's in ``conformance/_registry_strategies.py``.
 """
 
-from ._strategies_programs import OP_NAMES, Program, Step, programs
+from conformance._program_strategies import OP_NAMES, Program, Step, programs
 
 __all__ = [
     "OP_NAMES",

@@ -1,5 +1,6 @@
-"""Hypothesis strategies for random tensor programs: the workload of the fake's fidelity tests
-and of the fake-vs-CUDA differential test.
+"""Hypothesis strategies for random tensor programs: the workload of the conformance suite's
+fidelity properties (``conformance/test_fidelity.py``, on every backend) and of the fake-vs-CUDA
+differential test (``tests/test_fake_vs_cuda.py``, through the ``tests.strategies`` facade).
 
 A :class:`Program` works on *registers*: tensors of shape ``(rows, cols)`` of kind ``"float"``
 (float32), ``"int"`` (int64) or ``"bool"``, plus ``"weight"`` registers of shape
