@@ -1,7 +1,8 @@
-"""Mutants: deliberately broken variants of the reference breakable capture.
+"""Mutants: deliberately broken variants of the reference breakable capture and registry.
 
-Each mutant reproduces a bug seen in the field, as a subclass of
-:class:`impl.BreakableCUDAGraphCapture` that overrides one recording step. A regression test runs
+Each mutant reproduces a bug seen in the field: for breakable graphs a subclass of
+:class:`impl.BreakableCUDAGraphCapture` that overrides one recording step, for the registry a
+builder that declares one slot with the wrong padding policy. A regression test runs
 its scenario on the reference and on the mutant and requires the reference to pass and the
 mutant to be *detected* (a wrong result, or an error), on every backend: on the fake through its
 hazard errors, on CUDA through the corrupted data itself.
@@ -13,6 +14,9 @@ hazard errors, on CUDA through the corrupted data itself.
   the next break's fresh result lands there, and a later segment that still reads the first
   result reads the second.
 - ``unjoined_fork``: no automatic join of forked side streams before a segment ends.
+- ``swa_pad_kept`` (registry): the hybrid-SWA decode registry keeps the pad rows of
+  ``out_cache_loc_swa`` (FOREACH_COPY instead of ZERO), so a padded request's KV write lands on
+  the sliding-window cache location of a request from an earlier, larger batch.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from spec import DeviceModule
 
 __all__ = [
     "MUTANTS",
+    "REGISTRY_MUTANTS",
     "UnjoinedForkCapture",
     "WeakInputsCapture",
     "WeakResultCapture",
@@ -144,3 +149,19 @@ def capture_class(variant: str) -> type[impl.BreakableCUDAGraphCapture]:
         raise ValueError(
             f"variant must be 'reference' or one of {sorted(MUTANTS)}, got {variant!r}"
         ) from None
+
+
+def _swa_pad_kept(**kwargs: Any) -> impl.CudaGraphBufferRegistry:
+    """Mutant of :func:`impl.build_decode_registry`: ``out_cache_loc_swa`` keeps stale pad rows
+    (``REG-3``, ``REG-9``)."""
+    registry = impl.build_decode_registry(**kwargs)
+    if registry.has_slot("out_cache_loc_swa"):
+        # Before the first fill the policy is still free to change: the field bug's declaration.
+        registry.get_slot("out_cache_loc_swa").padding_policy = impl.PaddingPolicy.FOREACH_COPY
+    return registry
+
+
+REGISTRY_MUTANTS: Final[dict[str, Callable[..., impl.CudaGraphBufferRegistry]]] = {
+    "swa_pad_kept": _swa_pad_kept,
+}
+"""Mutant name -> a drop-in replacement of ``build_decode_registry``."""
