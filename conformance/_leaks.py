@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
+
+import pytest
 
 from ._backend import Backend
 
-__all__ = ["assert_no_leaks"]
+__all__ = ["assert_no_leaks", "check_leaks"]
 
 
 def assert_no_leaks(backend: Backend) -> None:
@@ -21,3 +24,10 @@ def assert_no_leaks(backend: Backend) -> None:
         gc.collect()
         info = device.cache_info()  # type: ignore[attr-defined]
     assert (info.pools, info.live_blocks) == (0, 0), f"leaked after the test: {info}"
+
+
+@pytest.fixture(autouse=True)
+def check_leaks(backend: Backend) -> Iterator[None]:
+    """Autouse in the modules that import it: the leak invariant after each of their tests."""
+    yield
+    assert_no_leaks(backend)

@@ -7,21 +7,13 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Iterator
 
 import pytest
 import torch
 
 from spec import GraphNotReady
 
-from ._leaks import assert_no_leaks
-
-
-@pytest.fixture(autouse=True)
-def _no_leaks(backend) -> Iterator[None]:
-    """The leak invariant after each test, where the backend can tell (``FAKE-6``)."""
-    yield
-    assert_no_leaks(backend)
+from ._leaks import check_leaks  # noqa: F401  (autouse: the leak invariant, FAKE-6)
 
 
 def _full(device, shape: tuple[int, ...], value: float) -> torch.Tensor:

@@ -8,7 +8,7 @@ lazy library initialisation (cuBLAS handles and workspaces) must not happen duri
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import fakes
 
-from ._leaks import assert_no_leaks
+from ._leaks import check_leaks  # noqa: F401  (autouse: the leak invariant, FAKE-6)
 from ._program_strategies import Program, programs
 
 seeds = st.integers(0, 2**31 - 1)
@@ -27,11 +27,6 @@ fidelity_settings = settings(deadline=None, suppress_health_check=[HealthCheck.t
 """No deadline (a capture on a busy machine may take a while); examples per the profile."""
 
 
-@pytest.fixture(autouse=True)
-def _no_leaks(backend) -> Iterator[None]:
-    """The leak invariant after each test, where the backend can tell (``FAKE-6``)."""
-    yield
-    assert_no_leaks(backend)
 
 
 @pytest.fixture(scope="module")
