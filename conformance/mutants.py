@@ -152,12 +152,16 @@ def capture_class(variant: str) -> type[impl.BreakableCUDAGraphCapture]:
 
 
 def _swa_pad_kept(**kwargs: Any) -> impl.CudaGraphBufferRegistry:
-    """Mutant of :func:`impl.build_decode_registry`: ``out_cache_loc_swa`` keeps stale pad rows
-    (``REG-3``, ``REG-9``)."""
-    registry = impl.build_decode_registry(**kwargs)
-    if registry.has_slot("out_cache_loc_swa"):
-        # Before the first fill the policy is still free to change: the field bug's declaration.
-        registry.get_slot("out_cache_loc_swa").padding_policy = impl.PaddingPolicy.FOREACH_COPY
+    """Mutant of :func:`impl.build_decode_registry`: ``out_cache_loc_swa`` is declared with
+    FOREACH_COPY, keeping stale pad rows (``REG-3``, ``REG-9``)."""
+    registry = impl.build_decode_registry(**{**kwargs, "is_hybrid_swa": False})
+    if kwargs.get("is_hybrid_swa"):
+        registry.register_slot(
+            impl.GraphSlot(
+                "out_cache_loc_swa", lambda max_bs, max_num_tokens: (max_num_tokens,),
+                torch.int32, "tokens", padding_policy=impl.PaddingPolicy.FOREACH_COPY,
+            )
+        )
     return registry
 
 

@@ -127,3 +127,33 @@ def test_share_pool_registries_share_and_apply_sentinel_after_pooling(
     c = registry_api.build_decode_registry(**{**kw, "max_num_token": 8})
     assert c.get_slot("input_ids").buffer.data_ptr() != a.get_slot("input_ids").buffer.data_ptr()
     registry_api.clear_input_buffer_pool()
+
+
+@pytest.mark.clause("POOL-4")
+def test_rejected_registration_changes_no_pooled_buffer(device: Any, registry_api: Any) -> None:
+    api, where = registry_api, device.device
+    api.clear_input_buffer_pool()
+    sentinel = api.PaddingPolicy.FILL_SENTINEL
+    good = api.CudaGraphBufferRegistry(where, 2, 4, share_pool=True)
+    first = good.register_slot(
+        api.GraphSlot(
+            "m",
+            lambda b, t: (3, t),
+            torch.int64,
+            padding_policy=api.PaddingPolicy.ZERO,
+            slice_fn=lambda buf, n: buf[:, :n],
+        )
+    )
+    first.buffer.fill_(5)
+    bad = api.GraphSlot(
+        "m",
+        lambda b, t: (3, t),
+        torch.int64,
+        padding_policy=sentinel,
+        pad_value=9,
+        slice_fn=lambda buf, n: buf[:n, :n],
+    )  # cuts two dims
+    with pytest.raises(ValueError):
+        api.CudaGraphBufferRegistry(where, 2, 4, share_pool=True).register_slot(bad)
+    assert first.buffer.unique().tolist() == [5], "a rejected registration wrote a pooled buffer"
+    api.clear_input_buffer_pool()

@@ -180,6 +180,22 @@ def test_registration_initialises_buffers_per_policy(registry_api: Any, device: 
 
 
 @pytest.mark.clause("REG-2")
+def test_registered_declaration_is_fixed(registry_api: Any, device: Any) -> None:
+    reg = registry_api.CudaGraphBufferRegistry(device.device, 2, 4)
+    slot = registry_api.GraphSlot("a", _tokens, torch.int64)
+    slot.padding_policy = registry_api.PaddingPolicy.ZERO  # free until registered
+    reg.register_slot(slot)
+    for name, value in (
+        ("padding_policy", registry_api.PaddingPolicy.KEEP_PAD),
+        ("enabled", False),
+        ("pad_value", 3),
+    ):
+        with pytest.raises(AttributeError):
+            setattr(slot, name, value)
+    assert slot.padding_policy is registry_api.PaddingPolicy.ZERO and slot.enabled
+
+
+@pytest.mark.clause("REG-2")
 def test_buffers_never_move_across_fills(registry_api: Any, device: Any) -> None:
     where = device.device
     reg = _decode(registry_api, where, max_bs=4, max_num_token=8)

@@ -106,7 +106,9 @@ class CudaGraphBufferRegistry:
         applied to whatever the pool returns (joining never re-zeroes a pooled buffer).
         ``bind`` adopts an existing tensor instead, after checking its shape, dtype and device: a
         bound tensor is never pooled and never re-filled. A disabled slot is remembered but gets
-        no buffer. A duplicate name raises :class:`ValueError`.
+        no buffer. A duplicate name raises :class:`ValueError`. Once registered, a slot's
+        declaration is fixed (fills plan from it): setting a field raises
+        :class:`AttributeError`.
         """
         if not isinstance(slot, GraphSlot):
             raise TypeError(f"register_slot: slot must be a GraphSlot, got {type(slot)!r}")
@@ -119,19 +121,24 @@ class CudaGraphBufferRegistry:
             if bind is not None:
                 raise ValueError(f"register_slot: slot {slot.name!r} is disabled but bind= given")
             self._slots[slot.name] = slot
+            slot._registered = True
             return slot
         shape = torch.Size(slot.shape_fn(self.max_bs, self.max_num_tokens))
         device = slot.device if slot.device is not None else self.device
         if bind is not None:
-            buffer = self._check_bound(slot, bind, shape, device)
+            slot._attach(self._check_bound(slot, bind, shape, device))
         else:
-            buffer = torch.zeros(shape, dtype=slot.dtype, device=device)
+            # Check the slot on a private tensor first: a rejected slot must touch neither the
+            # shared pool nor a buffer another registry already uses.
+            slot._attach(torch.zeros(shape, dtype=slot.dtype, device=device))
             if self.share_pool:
-                buffer = share_input_buffer(slot.name, buffer)
+                pooled = share_input_buffer(slot.name, slot.buffer)
+                if pooled is not slot.buffer:
+                    slot._attach(pooled)
             if slot.padding_policy in (PaddingPolicy.FILL_SENTINEL, PaddingPolicy.FILL_ONCE):
-                buffer.fill_(slot.pad_value)
-        slot._attach(buffer)
+                slot.buffer.fill_(slot.pad_value)
         self._slots[slot.name] = slot
+        slot._registered = True
         return slot
 
     @staticmethod

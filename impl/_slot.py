@@ -51,6 +51,10 @@ class PaddingPolicy(enum.Enum):
 
 
 _NEEDS_PAD_VALUE = (PaddingPolicy.FILL_SENTINEL, PaddingPolicy.FILL_ONCE)
+_DECLARATION = frozenset(
+    ("name", "shape_fn", "dtype", "axis", "device", "padding_policy", "pad_value", "enabled",
+     "copy_from_fb", "post_fill", "slice_fn", "source_fn")
+)
 _AXIS_NONE_POLICIES = (PaddingPolicy.KEEP_PAD, PaddingPolicy.FOREACH_COPY)
 
 
@@ -118,6 +122,16 @@ class GraphSlot:
     buffer: torch.Tensor | None = field(default=None, init=False, repr=False)
     # The buffer dimension the axis runs along; set when the buffer is attached.
     _axis_dim: int = field(default=0, init=False, repr=False)
+    # Set by the registry: from then on the declaration is read-only (fill plans are cached).
+    _registered: bool = field(default=False, init=False, repr=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _DECLARATION and getattr(self, "_registered", False):
+            raise AttributeError(
+                f"GraphSlot {self.name!r} is registered, so its {name} is fixed; "
+                "declare a new slot in a new registry instead"
+            )
+        object.__setattr__(self, name, value)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:

@@ -10,8 +10,9 @@ define(
             pad_value."""),
         ("REG-2", """Registration creates the slot's buffer with shape shape_fn(max_bs,
             max_num_tokens) on the slot's device (else the registry's): zeros, or pad_value
-            everywhere for FILL_SENTINEL and FILL_ONCE. The buffer never moves afterwards. A
-            duplicate name raises ValueError."""),
+            everywhere for FILL_SENTINEL and FILL_ONCE. The buffer never moves afterwards, and the
+            slot's declaration is fixed (setting a field raises AttributeError). A duplicate name
+            raises ValueError."""),
         ("REG-3", """On a fill with raw < padded, the pad region [raw:padded] along the slot's
             axis is re-zeroed (ZERO), re-filled with pad_value (FILL_SENTINEL), or left as it is
             (KEEP_PAD, FOREACH_COPY, FILL_ONCE). Rows at or beyond padded are never touched by the
@@ -58,6 +59,6 @@ define(
             canonical again."""),
         ("POOL-4", """A registry with share_pool=True takes its buffers from the pool and applies
             the sentinel fill after pooling; joining an existing pooled buffer never re-zeroes
-            it."""),
+            it, and a rejected registration changes no pooled buffer."""),
     ],
 )
