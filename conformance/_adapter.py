@@ -3,7 +3,8 @@
 An engine team points the suite at its own code with ``--backend module:factory``; ``factory()``
 returns an :class:`Adapter` naming the parts it implements. Each part is optional except the
 device: tests that need a missing part are skipped with a reason naming it, and collection never
-breaks. The reference implementation is simply the default adapter (:func:`reference_adapter`).
+breaks. The built-in backends ``fake`` and ``cuda`` are the reference implementation ``impl`` on
+those devices.
 
 Parts, and the names each must provide (a module, a class instance or a ``SimpleNamespace``):
 
@@ -30,7 +31,6 @@ __all__ = [
     "Adapter",
     "Part",
     "check_part",
-    "reference_adapter",
 ]
 
 Part = Literal["registry", "breakable", "runners"]
@@ -110,18 +110,3 @@ def check_part(adapter: Adapter, part: Part, backend_name: str) -> Any:
 
         pytest.skip(f"backend {backend_name!r} provides no {part} API")
     return value
-
-
-def reference_adapter(device_name: str, capabilities: Iterable[str], isolate: bool) -> Adapter:
-    """The reference implementation on the device registered as ``device_name``."""
-    import impl
-    import spec
-
-    return Adapter(
-        device=lambda: spec.get_device(device_name),
-        registry=impl,
-        breakable=impl,
-        capabilities=capabilities,
-        isolate_failures=isolate,
-        name=device_name,
-    )

@@ -235,9 +235,9 @@ def _third_party(value: str) -> Backend:
         backend = Backend(
             value,
             target,
-            getattr(target, "capabilities", ()),
+            getattr(made, "capabilities", ()),
             # A device of unknown robustness: keep the run alive if its failures poison it.
-            isolate_failures=getattr(target, "isolate_failures", True),
+            isolate_failures=getattr(made, "isolate_failures", True),
         )
         backend._device = made
         return backend

@@ -191,15 +191,27 @@ def run_scenario(
     env = dict(os.environ)
     # A source checkout is importable in the child exactly as it is here.
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    proc = subprocess.run(
-        [sys.executable, "-c", "from conformance._isolation import _child_main; _child_main()"],
-        input=request,
-        capture_output=True,
-        text=True,
-        timeout=_CHILD_TIMEOUT_S,
-        env=env,
-        check=False,
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c",
+             "from conformance._isolation import _child_main; _child_main()"],
+            input=request,
+            capture_output=True,
+            text=True,
+            timeout=_CHILD_TIMEOUT_S,
+            env=env,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as expired:
+        return Outcome(
+            error=ErrorInfo(
+                "timeout", ("timeout",), f"child ran past {_CHILD_TIMEOUT_S} s (a hung device?)"
+            ),
+            usable_after=False,
+            usable_detail="the child process was killed",
+            isolated=True,
+            log=str(expired.stderr or "")[-4000:],
+        )
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(_MARKER):
             return _outcome(json.loads(line[len(_MARKER):]), isolated=True, log=proc.stderr)

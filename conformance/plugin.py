@@ -40,6 +40,7 @@ class ConformanceState:
         self.xfail = xfail
         self.report_dir = report_dir
         self.results: list[TestOutcome] = []
+        self.report_paths: tuple[Path, Path] | None = None
         self._backend: Backend | None = None
 
     @classmethod
@@ -106,7 +107,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="NAME",
         help=(
             "backend to run the conformance suite against: 'fake' (the CPU fake device), "
-            "'cuda' (impl.CudaDevice), or 'module:factory' (a callable returning a device "
+            "'cuda' (impl.CudaDevice), or 'module:factory' (a callable returning a "
+            "conformance.Adapter, or a device module "
             f"module). Default: ${ENV_VAR}, else '{DEFAULT_BACKEND}'."
         ),
     )
@@ -291,6 +293,13 @@ def pytest_runtest_makereport(
     return report
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    state = session.config.stash.get(state_key, None)
+    if state is None or state.report_dir is None or not state.results:
+        return
+    state.report_paths = write_report(state.report_dir, state.backend_name, fold(state.results))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     state = terminalreporter.config.stash.get(state_key, None)
     if state is None or not state.results:
@@ -303,8 +312,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     )
     for line in summary_lines(state.backend_name, fold(state.results)):
         terminalreporter.write_line(line)
-    if state.report_dir is not None:
-        json_path, md_path = write_report(
-            state.report_dir, state.backend_name, fold(state.results)
-        )
+    if state.report_paths:
+        json_path, md_path = state.report_paths
         terminalreporter.write_line(f"clause report: {md_path} and {json_path}")
