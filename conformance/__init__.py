@@ -11,6 +11,7 @@ own implementation with ``--backend module:factory``, ``factory()`` returning an
 from ._adapter import BREAKABLE_NAMES, REGISTRY_NAMES, Adapter, Part
 from ._backend import Backend, Capability, load_backend
 from ._isolation import ErrorInfo, Outcome, run_scenario
+from ._oplog import OpLog
 from ._report import ClauseStatus, TestOutcome
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "Capability",
     "ClauseStatus",
     "ErrorInfo",
+    "OpLog",
     "Outcome",
     "Part",
     "REGISTRY_NAMES",

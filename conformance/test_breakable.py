@@ -446,6 +446,7 @@ def test_sizes_share_one_pool_largest_first(device, breakable_api, times10) -> N
         with breakable_api.BreakableCUDAGraphCapture(graph, pool=pool, stream=stream):
             out = times10(x * 2 + 1) - 1
         assert graph.pool() is pool, "a segment pool other than the one given"
+        assert all(s.pool() == pool for s in graph.segments), "a segment left the shared pool"
         graphs[n] = (graph, x, out)
     for _ in range(2):
         for n, (graph, x, out) in graphs.items():
@@ -462,6 +463,7 @@ def test_default_pool_is_one_token_for_all_segments(device, breakable_api, times
     with breakable_api.BreakableCUDAGraphCapture(graph):
         out = times10(x + 1) + 1
     token = graph.pool()
+    assert all(s.pool() == token for s in graph.segments), "segments in different pools"
     other = breakable_api.BreakableCUDAGraph(device)
     with breakable_api.BreakableCUDAGraphCapture(other, pool=token):
         out2 = times10(x * 3) + 2

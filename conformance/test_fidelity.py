@@ -1,5 +1,5 @@
 """Fidelity of capture and replay on any backend (``FAKE-2`` .. ``FAKE-4``, ``FAKE-8``,
-``MEM-7``): random tensor programs (``conformance._program_strategies``) captured and replayed
+``MEM-7``): random tensor programs (``conformance.strategies``) captured and replayed
 behave like the same programs run eagerly, and capture itself runs nothing.
 
 Every program is warmed up eagerly on the capture stream first, on copies of its inputs: on CUDA,
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import fakes
 
 from ._leaks import check_leaks  # noqa: F401  (autouse: the leak invariant, FAKE-6)
-from ._program_strategies import Program, programs
+from .strategies import Program, programs
 
 seeds = st.integers(0, 2**31 - 1)
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from conformance import OpLog
 
 
 def _tokens(bs: int, t: int) -> tuple[int]:
@@ -34,18 +35,6 @@ def _decode(api: Any, where: torch.device, **overrides: Any) -> Any:
         share_pool=False,
     )
     return api.build_decode_registry(**{**kwargs, **overrides})
-
-
-class _OpLog(TorchDispatchMode):
-    """Records the aten ops a block of code dispatches (the kernels it would launch)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 # -- GraphSlot ------------------------------------------------------------------------------------
@@ -363,7 +352,7 @@ def test_copies_are_grouped_per_dtype_pair(registry_api: Any, device: Any) -> No
         seq_lens_cpu=torch.arange(2),
         mrope_positions=torch.zeros(3, 3, dtype=torch.int64, device=where),
     )
-    with _OpLog() as log:
+    with OpLog() as log:
         reg.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
     copies = [op for op in log.ops if "copy" in op]
     zeros = [op for op in log.ops if "zero" in op]
@@ -383,7 +372,7 @@ def test_host_destinations_are_copied_after_device_groups(registry_api: Any) -> 
     reg.register_slot(registry_api.GraphSlot("host", _bs, torch.int64, axis="bs", device="cpu"))
     reg.register_slot(registry_api.GraphSlot("dev", _tokens, torch.int64))
     fb = SimpleNamespace(host=torch.arange(2), dev=torch.empty(3, dtype=torch.int64, device="meta"))
-    with _OpLog() as log:
+    with OpLog() as log:
         reg.fill_from(fb, raw_bs=2, padded_bs=2, raw_num_tokens=3, padded_num_tokens=3)
     copies = [op for op in log.ops if "copy" in op]
     assert copies == ["_foreach_copy_", "copy_"], f"copy ops: {copies}"
@@ -424,6 +413,26 @@ def test_phases_run_in_order_and_hooks_in_registration_order(
     part = SimpleNamespace(a=torch.tensor([9]), b=torch.tensor([9]))
     reg.fill_from(part, raw_bs=0, padded_bs=0, raw_num_tokens=1, padded_num_tokens=3)
     assert seen[2:] == [("1/3", [9, 0, 0, 4]), ("1/3", [9, -1, -1, 8])], seen
+
+
+@pytest.mark.clause("REG-4")
+def test_pad_reset_runs_before_the_head_copy(registry_api: Any, device: Any) -> None:
+    # A source_fn source longer than raw overlaps the pad region: the copy must win.
+    reg = registry_api.CudaGraphBufferRegistry(device.device, 1, 6)
+    slot = reg.register_slot(
+        registry_api.GraphSlot(
+            "x",
+            _tokens,
+            torch.int64,
+            padding_policy=registry_api.PaddingPolicy.ZERO,
+            source_fn=lambda fb, ctx: fb.src,
+        )
+    )
+    src = torch.tensor([7, 8, 9, 10], device=device.device)
+    reg.fill_from(
+        SimpleNamespace(src=src), raw_bs=0, padded_bs=0, raw_num_tokens=1, padded_num_tokens=5
+    )
+    assert slot.buffer.tolist() == [7, 8, 9, 10, 0, 0], f"got {slot.buffer.tolist()}"
 
 
 # -- extract_buffer -----------------------------------------------------------------------------

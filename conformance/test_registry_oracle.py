@@ -10,7 +10,7 @@ from hypothesis import given, settings
 
 from spec import RegistryOracle
 
-from ._registry_strategies import (
+from .strategies import (
     RegistryCase,
     build_impl_slot,
     build_oracle_slot,

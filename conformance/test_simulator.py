@@ -615,3 +615,12 @@ def test_other_threads_are_not_recorded(device: fakes.FakeDevice) -> None:
     assert torch.equal(results[0], torch.tensor([0.0, 2.0, 4.0]))
     assert device.graph_node_count(g) == 1
     del y
+
+
+@pytest.mark.clause("CAP-7", "CAP-1")
+def test_op_on_another_device_is_unsupported(device: fakes.FakeDevice) -> None:
+    other = torch.zeros(2, device="meta")  # memory the fake does not own
+    graph = device.CUDAGraph()
+    with pytest.raises(spec.UnsupportedInCapture), device.graph(graph):
+        other.add_(1)
+    assert_clean_and_working(device)

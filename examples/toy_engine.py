@@ -9,8 +9,11 @@ two bugs engines have really shipped, kept on purpose so the report shows what a
 2. ``extract_buffer`` exposes every slot, also those whose batch field is ``None`` (a stale
    buffer handed to a model that expects no such input, clause ``REG-8``).
 
-It provides no breakable-graph part, so those scenarios are skipped with the reason. It runs on
-the CPU fake device. Run it, with its known failures marked xfail::
+Only the registry class is the toy engine's: its ``build_decode_registry`` and
+``build_prefill_registry`` are the reference builders, so the builder scenarios (``REG-9``,
+``REG-10``, the SWA regression) check the reference there. It provides no breakable-graph part,
+so those scenarios are skipped with the reason. It runs on the CPU fake device. Run it, with
+its known failures marked xfail::
 
     python -m conformance --backend examples.toy_engine:make_adapter \\
         --xfail-file examples/toy_engine.xfail

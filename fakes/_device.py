@@ -8,7 +8,7 @@ import threading
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import Any
 
 import torch
 
@@ -25,7 +25,7 @@ from spec.errors import (
     UnjoinedStream,
     UnsupportedInCapture,
 )
-from spec.protocol import CaptureErrorMode
+from spec.protocol import CaptureErrorMode, check_capture_error_mode
 
 from ._allocator import Block, FakePool, external_label
 from ._compat import no_python_dispatch, remove_dispatch_mode
@@ -35,7 +35,6 @@ from ._streams import Capture, FakeEvent, FakeStream
 
 __all__ = ["FakeDevice", "FakeDeviceInfo", "WeakTensorRef"]
 
-_CAPTURE_ERROR_MODES = frozenset(get_args(CaptureErrorMode))
 _device_ids = itertools.count(1)
 
 
@@ -90,12 +89,6 @@ class WeakTensorRef:
         return f"<weak ref to {self._label}: {list(self.shape)} {self.dtype}>"
 
 
-def _check_error_mode(capture_error_mode: Any) -> None:
-    if capture_error_mode not in _CAPTURE_ERROR_MODES:
-        raise ValueError(
-            f"capture_error_mode must be one of {sorted(_CAPTURE_ERROR_MODES)}, "
-            f"got {capture_error_mode!r}"
-        )
 
 
 class FakeDevice:
@@ -238,7 +231,7 @@ class FakeDevice:
         """
         if not isinstance(cuda_graph, FakeCUDAGraph) or cuda_graph._device is not self:
             raise TypeError(f"cuda_graph must be a CUDAGraph of {self!r}, got {cuda_graph!r}")
-        _check_error_mode(capture_error_mode)
+        check_capture_error_mode(capture_error_mode)
         if stream is None:
             stream = self._capture_stream()
         with self.stream(stream):
@@ -396,7 +389,7 @@ class FakeDevice:
         self, graph: FakeCUDAGraph, pool: FakePool | None, capture_error_mode: Any
     ) -> None:
         self._sweep()
-        _check_error_mode(capture_error_mode)
+        check_capture_error_mode(capture_error_mode)
         if self._capture is not None:
             raise NestedCapture(detail=f"{self._capture.graph!r} is capturing")
         if graph._state != "empty":

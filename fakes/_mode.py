@@ -5,7 +5,7 @@ For every aten op that reaches it on a stream of the capture, :class:`RecordingM
 ordered pipeline:
 
 1. ops issued on a stream outside the capture run eagerly (host syncs among them follow
-   ``capture_error_mode``), and so do ops on non-CPU tensors (meta shape computations);
+   ``capture_error_mode``); ops on another device's tensors raise ``UnsupportedInCapture``;
 2. a registered special case (dispatch tables at the bottom of this module) handles the op;
 3. otherwise :func:`~fakes._ops.classify_op` decides: views run (they alias, launch nothing),
    host syncs raise ``SyncDuringCapture``, random ops raise ``UnsupportedInCapture``, and kernels
@@ -431,10 +431,11 @@ class RecordingMode(TorchDispatchMode):
             if info.kind == "sync":
                 self.device._host_sync(f"{info.name} ({info.reason})", touches_capture=False)
             return func(*args, **kwargs)
-        if not _on_cpu(args, kwargs):
-            return func(*args, **kwargs)
         recorder = cap.recorder
         assert recorder is not None
+        if not _on_cpu(args, kwargs):
+            # The fake's memory is host memory: it cannot record, or replay, another device's.
+            recorder.fail_unsupported(info.name, "an operand or output on a non-CPU device")
         handler = handler_for(func)
         if handler is not None:
             out = handler(recorder, func, args, kwargs)

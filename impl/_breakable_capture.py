@@ -11,7 +11,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
-from typing import Any, Final
+from typing import Any
 
 from spec import (
     CaptureError,
@@ -20,6 +20,7 @@ from spec import (
     NestedCapture,
     PoolHandle,
     StreamLike,
+    check_capture_error_mode,
 )
 
 from ._breakable_graph import BreakableCUDAGraph
@@ -29,7 +30,6 @@ from ._stream_tracking import ForkTracker, track_forks
 
 __all__ = ["BreakableCUDAGraphCapture"]
 
-_CAPTURE_ERROR_MODES: Final = ("global", "thread_local", "relaxed")
 
 # Default capture streams, one per device object: captures that share a pool must share the
 # stream too, because the caching allocator keeps a pool's free blocks per stream.
@@ -37,6 +37,9 @@ _SIDE_STREAMS: weakref.WeakKeyDictionary[Any, StreamLike] = weakref.WeakKeyDicti
 
 
 def _side_stream(device: DeviceModule) -> StreamLike:
+    own = getattr(device, "_side_stream", None)
+    if own is not None:  # CudaDevice: one per GPU, shared by every CudaDevice() instance
+        return own()
     try:
         stream = _SIDE_STREAMS.get(device)
         if stream is None:
@@ -105,11 +108,7 @@ class BreakableCUDAGraphCapture:
     ) -> None:
         if not isinstance(graph, BreakableCUDAGraph):
             raise TypeError(f"graph must be a BreakableCUDAGraph, got {type(graph).__name__}")
-        if capture_error_mode not in _CAPTURE_ERROR_MODES:
-            raise ValueError(
-                f"capture_error_mode must be one of {_CAPTURE_ERROR_MODES}, "
-                f"got {capture_error_mode!r}"
-            )
+        check_capture_error_mode(capture_error_mode)
         if barrier_fn is not None and not callable(barrier_fn):
             raise TypeError(f"barrier_fn must be callable or None, got {barrier_fn!r}")
         self.graph = graph
@@ -252,7 +251,8 @@ class BreakableCUDAGraphCapture:
             self.graph._fail_capture()
 
     def _abort_if_open(self) -> None:
-        # Runs only when __enter__ itself failed after the stream hook was installed.
+        # Registered with the exit stack on entry, so it runs on every exit; it has work to do
+        # only when __enter__ itself failed after the stream hook was installed.
         if self._open_segment is not None or self.graph._state == "capturing":
             ctx, self._open_segment = self._open_segment, None
             try:

@@ -44,12 +44,12 @@ from spec import (
     PoolHandle,
     SyncDuringCapture,
     UnjoinedStream,
+    check_capture_error_mode,
     register_device,
 )
 
 __all__ = ["CudaDevice"]
 
-_CAPTURE_ERROR_MODES: Final = ("global", "thread_local", "relaxed")
 
 # cudaError_t values of the stream-capture family (driver_types.h); stable across CUDA 11-13.
 _CUDA_CAPTURE_UNSUPPORTED: Final = 900  # a host sync / unsafe call while capturing
@@ -232,11 +232,7 @@ class _CudaGraph(torch.cuda.CUDAGraph):
         capture_error_mode: CaptureErrorMode = "global",
         **kwargs: Any,
     ) -> None:
-        if capture_error_mode not in _CAPTURE_ERROR_MODES:
-            raise ValueError(
-                f"capture_error_mode must be one of {_CAPTURE_ERROR_MODES}, "
-                f"got {capture_error_mode!r}"
-            )
+        check_capture_error_mode(capture_error_mode)
         if _capture_in_progress():
             raise NestedCapture()
         stream = torch.cuda.current_stream()
@@ -332,11 +328,7 @@ class _CaptureContext:
             raise TypeError(
                 f"cuda_graph must be a CudaDevice.CUDAGraph, got {type(cuda_graph).__name__}"
             )
-        if capture_error_mode not in _CAPTURE_ERROR_MODES:
-            raise ValueError(
-                f"capture_error_mode must be one of {_CAPTURE_ERROR_MODES}, "
-                f"got {capture_error_mode!r}"
-            )
+        check_capture_error_mode(capture_error_mode)
         self._device = device
         self._graph = cuda_graph
         self._pool = pool

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,6 +24,10 @@ _Copier = Callable[[Any], None]
 
 # Leaves that can hold no tensor: nothing to copy, and no fields to look into.
 _ATOMS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
+# Code holds no result data; any other object, callable or not, is copied field-wise (BCG-6).
+_CODE = (
+    types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial, type
+)
 
 
 def _fields(obj: Any) -> list[str]:
@@ -49,7 +54,7 @@ def _compile(dest: Any, seen: set[int]) -> _Copier | None:
                 dest.copy_(src)
 
         return copy_tensor
-    if isinstance(dest, _ATOMS) or id(dest) in seen or callable(dest):
+    if isinstance(dest, (*_ATOMS, *_CODE)) or id(dest) in seen:
         return None
     seen.add(id(dest))
     if isinstance(dest, (tuple, list)):

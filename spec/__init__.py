@@ -29,6 +29,7 @@ from .protocol import (
     GraphLike,
     PoolHandle,
     StreamLike,
+    check_capture_error_mode,
 )
 from .registry_oracle import OracleContext, OracleSlot, RegistryOracle
 
@@ -56,6 +57,7 @@ __all__ = [
     "SyncDuringCapture",
     "UnjoinedStream",
     "UnsupportedInCapture",
+    "check_capture_error_mode",
     "define",
     "device_names",
     "get_clause",

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 import torch
 
@@ -35,6 +35,7 @@ __all__ = [
     "GraphLike",
     "PoolHandle",
     "StreamLike",
+    "check_capture_error_mode",
 ]
 
 CaptureErrorMode = Literal["global", "thread_local", "relaxed"]
@@ -42,6 +43,18 @@ CaptureErrorMode = Literal["global", "thread_local", "relaxed"]
 (host syncs, allocator calls that could sync) from any thread during capture, ``"thread_local"``
 only from the capturing thread, ``"relaxed"`` forbids nothing beyond what the backend itself
 cannot record."""
+
+_CAPTURE_ERROR_MODES = get_args(CaptureErrorMode)
+
+
+def check_capture_error_mode(value: object) -> CaptureErrorMode:
+    """``value`` if it is a :data:`CaptureErrorMode`; :class:`ValueError` naming it otherwise."""
+    if value not in _CAPTURE_ERROR_MODES:
+        raise ValueError(
+            f"capture_error_mode must be one of {_CAPTURE_ERROR_MODES}, got {value!r}"
+        )
+    return value  # type: ignore[return-value]
+
 
 PoolHandle = Any
 """An opaque memory-pool token: only a hint that captures passing the same token may share

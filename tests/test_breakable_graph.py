@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-import impl
 import spec
+from conformance import OpLog
 from impl import (
     BreakableCUDAGraph,
     BreakableCUDAGraphCapture,
@@ -212,8 +212,10 @@ def test_copy_into_follows_the_structure() -> None:
 
 def test_copy_into_skips_the_destination_itself_and_checks_lengths() -> None:
     t = torch.zeros(2)
-    copy_into(t, t)  # no self-copy needed, none made
-    copy_into((t,), (t,))
+    with OpLog() as log:
+        copy_into(t, t)  # no self-copy needed, none made
+        copy_into((t,), (t,))
+    assert log.ops == [], f"self-copies dispatched {log.ops}"
     with pytest.raises(ValueError):
         copy_into([torch.zeros(1), torch.zeros(1)], [torch.zeros(1)])
 
@@ -235,9 +237,5 @@ def test_graph_break_replay_callables() -> None:
     assert box["out"] is held and held.tolist() == [3.0]
 
 
-def test_facade_exports_the_breakable_api() -> None:
-    for name in ("BreakableCUDAGraph", "BreakableCUDAGraphCapture", "CudaDevice",
-                 "eager_on_graph", "break_graph", "enable_breakable_cuda_graph",
-                 "is_in_breakable_cuda_graph", "get_replay_stream", "get_replay_id"):
-        assert name in impl.__all__, f"impl.__all__ lacks {name}"
+def test_importing_impl_registers_cuda_even_without_cuda_python() -> None:
     assert "cuda" in spec.device_names(), "importing impl did not register the 'cuda' device"

@@ -31,7 +31,7 @@ def test_impl_imports_without_cuda_python() -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
-def test_without_cuda_the_error_names_the_fake() -> None:
+def test_without_cuda_constructing_the_cuda_device_is_a_runtime_error() -> None:
     with pytest.raises(RuntimeError):
         impl.CudaDevice()
     with pytest.raises(RuntimeError):

@@ -21,8 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fakes
-
-from .strategies import Program, programs
+from conformance.strategies import Program, programs
 
 pytestmark = pytest.mark.gpu
 

@@ -17,22 +17,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import impl
+from conformance import OpLog
 
 MAX_BS, MAX_TOKENS, RAW_BS, PADDED_BS = 256, 256, 100, 128
 RESULTS: dict[str, dict[str, dict]] = {}
-
-
-class _CountOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _setup(device: str) -> tuple[impl.CudaGraphBufferRegistry, SimpleNamespace]:
@@ -116,9 +106,9 @@ def test_bench_decode_fill(benchmark, device: str, variant: str) -> None:
     _registry_fill(reference, ref_fb)
     for name in reg.slot_names():
         assert torch.equal(reg.get_slot(name).buffer, reference.get_slot(name).buffer), name
-    with _CountOps() as ops:
+    with OpLog() as log:
         fn(reg, fb)
-    info = {"ops_per_fill": ops.count}
+    info = {"ops_per_fill": len(log.ops)}
     if device == "cuda":
         info["gpu_kernels_per_fill"] = _gpu_kernels(fn, reg, fb)
     benchmark.group = f"decode-fill-{device}"

@@ -1,0 +1,36 @@
+"""The hypothesis strategies of the project, one public import point.
+
+They drive the conformance suite against any backend and the project's own tests: random tensor
+programs (for capture-and-replay fidelity) and random registry slot sets with fill sequences
+(for the registry oracle). Engine teams may use them in their own property tests.
+"""
+
+from ._program_strategies import (
+    OP_NAMES,
+    Program,
+    Step,
+    programs,
+)
+from ._registry_strategies import (
+    FillSpec,
+    RegistryCase,
+    SlotSpec,
+    build_impl_slot,
+    build_oracle_slot,
+    make_batch,
+    registry_cases,
+)
+
+__all__ = [
+    "FillSpec",
+    "OP_NAMES",
+    "Program",
+    "RegistryCase",
+    "SlotSpec",
+    "Step",
+    "build_impl_slot",
+    "build_oracle_slot",
+    "make_batch",
+    "programs",
+    "registry_cases",
+]
