@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from contextvars import Token
+from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
 
 from ._breakable_state import ACTIVE_CAPTURE, ENABLED, IN_BREAK_BODY
@@ -104,11 +104,17 @@ def break_graph() -> None:
         capture.run_break(None)
 
 
+# Per context: the switch's values at the entries not yet exited, innermost last.
+_SAVED: ContextVar[tuple[bool, ...]] = ContextVar("impl_breakable_saved", default=())
+
+
 class enable_breakable_cuda_graph:  # lower case: used like a function, as torch.no_grad
     """Context manager making :func:`is_in_breakable_cuda_graph` true for its body (``BCG-11``).
 
     Re-entrant (nested ``with`` blocks, also of one instance) and exception-safe: each exit
-    restores the value seen at the matching entry. A breakable capture enables it for its body.
+    restores the value seen at the matching entry. The values to restore are kept per context
+    (thread, asyncio task), so one instance may serve several at once. A breakable capture
+    enables it for its body.
 
     Example::
 
@@ -116,13 +122,13 @@ class enable_breakable_cuda_graph:  # lower case: used like a function, as torch
             assert is_in_breakable_cuda_graph()
     """
 
-    __slots__ = ("_tokens",)
-
-    def __init__(self) -> None:
-        self._tokens: list[Token[bool]] = []
+    __slots__ = ()
 
     def __enter__(self) -> None:
-        self._tokens.append(ENABLED.set(True))
+        _SAVED.set((*_SAVED.get(), ENABLED.get()))
+        ENABLED.set(True)
 
     def __exit__(self, *exc: object) -> None:
-        ENABLED.reset(self._tokens.pop())
+        saved = _SAVED.get()
+        ENABLED.set(saved[-1])
+        _SAVED.set(saved[:-1])

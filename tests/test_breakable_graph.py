@@ -4,10 +4,12 @@ stream hook, the result copy, and the replay-time context."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import pytest
 import torch
 
+import impl
 import spec
 from conformance import OpLog
 from impl import (
@@ -239,3 +241,38 @@ def test_graph_break_replay_callables() -> None:
 
 def test_importing_impl_registers_cuda_even_without_cuda_python() -> None:
     assert "cuda" in spec.device_names(), "importing impl did not register the 'cuda' device"
+
+
+@pytest.mark.clause("BCG-11")
+def test_one_switch_instance_serves_several_threads() -> None:
+    # Thread 0 enters twice, then thread 1 enters twice, then thread 0 leaves first: a stack
+    # shared by the instance would hand thread 0 thread 1's entries to undo.
+    switch = impl.enable_breakable_cuda_graph()
+    steps = [threading.Event() for _ in range(3)]
+    errors: list[BaseException] = []
+
+    def work(index: int) -> None:
+        try:
+            if index == 1:
+                steps[0].wait(timeout=10)
+            with switch, switch:
+                if index == 0:
+                    steps[0].set()
+                    steps[1].wait(timeout=10)
+                else:
+                    steps[1].set()
+                    steps[2].wait(timeout=10)
+                assert impl.is_in_breakable_cuda_graph()
+            assert not impl.is_in_breakable_cuda_graph()
+        except BaseException as error:  # reported below, with the thread's failure
+            errors.append(error)
+        finally:
+            if index == 0:
+                steps[2].set()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, f"a thread failed: {errors!r}"
