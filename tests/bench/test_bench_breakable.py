@@ -149,9 +149,11 @@ def test_bench_breakable_overhead_per_segment(benchmark) -> None:
     variants = {"hand": hand, "library": library}
     _interleaved(variants, 20)  # warm-up
     benchmark.group = f"breakable-overhead-{SEGMENTS}-segments"
-    if getattr(benchmark, "disabled", False):  # --benchmark-disable: a smoke run
+    smoke = getattr(benchmark, "disabled", False)  # --benchmark-disable: a short run, no report
+    blocks = 4 if smoke else BLOCKS
+    result = benchmark.pedantic(_interleaved, args=(variants, blocks), rounds=1, iterations=1)
+    if smoke:
         return
-    result = benchmark.pedantic(_interleaved, args=(variants, BLOCKS), rounds=1, iterations=1)
     hand_r, lib_r = result["hand"], result["library"]
     report = {
         "device": torch.cuda.get_device_name(),
