@@ -213,6 +213,15 @@ CAPTURE_FAILURES: dict[str, Callable[[DeviceModule, Any, torch.Tensor], None]] =
 """Name -> code that makes a capture fail (or, for ``user_error``, raises inside one)."""
 
 
+def _replay_error(graph: Any) -> BaseException | None:
+    """What replaying ``graph`` raises (``None`` if it replays)."""
+    try:
+        graph.replay()
+    except Exception as exc:
+        return exc
+    return None
+
+
 def capture_failure(device: DeviceModule, case: str) -> dict[str, Any]:
     """Run ``CAPTURE_FAILURES[case]``; report its error, what replaying the graph then raises,
     and whether the in-place target was left untouched (nothing executed)."""
@@ -223,14 +232,9 @@ def capture_failure(device: DeviceModule, case: str) -> dict[str, Any]:
         CAPTURE_FAILURES[case](device, g, x)
     except Exception as exc:
         error = exc
-    replay_error: BaseException | None = None
-    try:
-        g.replay()
-    except Exception as exc:
-        replay_error = exc
     return {
         "error": describe_error(error),
-        "replay_error": describe_error(replay_error),
+        "replay_error": describe_error(_replay_error(g)),
         "capturing_after": device.is_current_stream_capturing(),
     }
 
@@ -258,16 +262,11 @@ def unrelated_syncs(device: DeviceModule, mode: str) -> dict[str, Any]:
             device.current_stream().synchronize()  # involves the capture: never allowed
     except Exception as exc:
         error = exc
-    replay_error: BaseException | None = None
-    try:
-        g.replay()
-    except Exception as exc:
-        replay_error = exc
     return {
         "error": describe_error(error),
         "unrelated_passed": unrelated_passed,
         "answers": [bool(a) for a in answers],
-        "replay_error": describe_error(replay_error),
+        "replay_error": describe_error(_replay_error(g)),
         "capturing_after": device.is_current_stream_capturing(),
     }
 
@@ -308,14 +307,9 @@ def breakable_failure(device: DeviceModule, backend_name: str, case: str) -> dic
             model()
     except Exception as exc:
         error = exc
-    replay_error: BaseException | None = None
-    try:
-        graph.replay()
-    except Exception as exc:
-        replay_error = exc
     state = {
         "error": describe_error(error),
-        "replay_error": describe_error(replay_error),
+        "replay_error": describe_error(_replay_error(graph)),
         "hook_restored": device.Stream.__dict__.get("wait_stream") is hook_before,
         "switch_off": not api.is_in_breakable_cuda_graph(),
         "capturing_after": device.is_current_stream_capturing(),
