@@ -12,7 +12,7 @@ from ._adapter import BREAKABLE_NAMES, REGISTRY_NAMES, Adapter, Part
 from ._backend import Backend, Capability, load_backend
 from ._isolation import ErrorInfo, Outcome, run_scenario
 from ._oplog import OpLog
-from ._report import ClauseStatus, TestOutcome
+from ._report import ClauseStatus, TestOutcome, fold, write_report
 
 __all__ = [
     "Adapter",
@@ -26,6 +26,8 @@ __all__ = [
     "Part",
     "REGISTRY_NAMES",
     "TestOutcome",
+    "fold",
     "load_backend",
     "run_scenario",
+    "write_report",
 ]

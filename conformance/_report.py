@@ -4,7 +4,7 @@ Test outcomes (:class:`TestOutcome`) are folded per clause into a :class:`Clause
 backend; :func:`write_report` merges that backend's column into ``conformance.json`` (other
 backends' columns from earlier runs are kept) and renders ``conformance.md`` from the merged data.
 A clause's status on a backend is the worst of its tests' outcomes, in the order
-``fail`` > ``xfail`` > ``pass`` > ``skip``; a clause no test checked is ``untested``.
+``fail`` > ``xfail`` > ``xpass`` > ``pass`` > ``skip``; a clause no test checked is ``untested``.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from spec import CLAUSES
 
 __all__ = ["ClauseStatus", "Outcome", "TestOutcome", "fold", "summary_lines", "write_report"]
 
-Outcome = Literal["pass", "fail", "skip", "xfail"]
+Outcome = Literal["pass", "fail", "skip", "xfail", "xpass"]
 """One test's result: ``xfail`` is a known failure listed in the backend's xfail file (or an
-expected failure the test itself declares), ``skip`` a missing capability or an inapplicable
-test, with its reason."""
+expected failure the test itself declares), ``xpass`` such a test that passed (a stale entry of
+the xfail file), ``skip`` a missing capability or an inapplicable test, with its reason."""
 
-_RANK = {"fail": 3, "xfail": 2, "pass": 1, "skip": 0}
+_RANK = {"fail": 4, "xfail": 3, "xpass": 2, "pass": 1, "skip": 0}
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def _markdown(data: dict) -> str:
         "# Conformance report",
         "",
         "Each cell is the worst outcome of the tests that check the clause on that backend "
-        "(fail > xfail > pass > skip; `untested`: no test ran for it).",
+        "(fail > xfail > xpass > pass > skip; `untested`: no test ran for it).",
         "",
         "| clause | topic | " + " | ".join(backends) + " |",
         "|---|---|" + "---|" * len(backends),
@@ -115,7 +115,7 @@ def summary_lines(backend: str, statuses: Mapping[str, ClauseStatus]) -> list[st
     counts: dict[str, int] = {}
     for st in statuses.values():
         counts[st.status] = counts.get(st.status, 0) + 1
-    order = ("pass", "fail", "xfail", "skip", "untested")
+    order = ("pass", "fail", "xfail", "xpass", "skip", "untested")
     head = ", ".join(f"{counts[k]} {k}" for k in order if counts.get(k))
     lines = [f"clauses on backend {backend!r}: {len(statuses)} total: {head}"]
     for cid, st in statuses.items():

@@ -276,6 +276,9 @@ def _fold(reports: dict[str, pytest.TestReport]) -> tuple[Outcome, str]:
             longrepr = report.longrepr
             reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
             return "skip", reason.removeprefix("Skipped: ")
+    for report in reports.values():
+        if report.passed and hasattr(report, "wasxfail"):
+            return "xpass", f"expected to fail ({report.wasxfail}) but passed"
     return "pass", ""
 
 
@@ -308,7 +311,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.section("conformance")
     terminalreporter.write_line(
         f"backend {state.backend_name!r}: {len(state.results)} tests: "
-        + ", ".join(f"{counts[k]} {k}" for k in ("pass", "fail", "skip", "xfail"))
+        + ", ".join(f"{counts[k]} {k}" for k in ("pass", "fail", "skip", "xfail", "xpass"))
     )
     for line in summary_lines(state.backend_name, fold(state.results)):
         terminalreporter.write_line(line)
