@@ -185,13 +185,9 @@ class CudaGraphBufferRegistry:
     # -- filling --------------------------------------------------------------------------------
 
     def _context(
-        self,
-        raw_bs: int,
-        padded_bs: int,
-        raw_num_tokens: int,
-        padded_num_tokens: int,
-        pp_proxy_tensors: Any = None,
+        self, raw_bs: int, padded_bs: int, raw_num_tokens: int, padded_num_tokens: int
     ) -> FillContext:
+        """The checked sizes of a fill (``REG-7``), without proxy tensors."""
         for axis, raw, padded, limit in (
             ("bs", raw_bs, padded_bs, self.max_bs),
             ("num_tokens", raw_num_tokens, padded_num_tokens, self.max_num_tokens),
@@ -204,7 +200,7 @@ class CudaGraphBufferRegistry:
                 raise ValueError(
                     f"padded_{axis}={padded} exceeds the registry's max_{axis}={limit}"
                 )
-        return FillContext(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens, pp_proxy_tensors)
+        return FillContext(raw_bs, padded_bs, raw_num_tokens, padded_num_tokens)
 
     def _plan(self, key: tuple[int, int, int, int]) -> _FillPlan:
         """The checked, size-dependent part of a fill: views into buffers that never move."""
