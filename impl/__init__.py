@@ -8,16 +8,30 @@ CUDA. Every public name is re-exported here; the modules behind them are private
 
 from spec import get_device
 
-from ._breakable_capture import BreakableCUDAGraphCapture
-from ._breakable_graph import BreakableCUDAGraph
-from ._breakable_state import get_replay_id, get_replay_stream, is_in_breakable_cuda_graph
-from ._cuda_device import CudaDevice
-from ._eager_on_graph import break_graph, eager_on_graph, enable_breakable_cuda_graph
-from ._graph_break import GraphBreak, copy_into
-from ._input_pool import clear_input_buffer_pool, share_input_buffer
-from ._registry import CudaGraphBufferRegistry
-from ._registry_builders import build_decode_registry, build_prefill_registry
-from ._slot import Axis, FillContext, GraphSlot, PaddingPolicy
+from .breakable import (
+    BreakableCUDAGraph,
+    BreakableCUDAGraphCapture,
+    GraphBreak,
+    break_graph,
+    copy_into,
+    eager_on_graph,
+    enable_breakable_cuda_graph,
+    get_replay_id,
+    get_replay_stream,
+    is_in_breakable_cuda_graph,
+)
+from .cuda import CudaDevice
+from .registry import (
+    Axis,
+    CudaGraphBufferRegistry,
+    FillContext,
+    GraphSlot,
+    PaddingPolicy,
+    build_decode_registry,
+    build_prefill_registry,
+    clear_input_buffer_pool,
+    share_input_buffer,
+)
 
 __all__ = [
     "Axis",

@@ -24,6 +24,7 @@ __all__ = [
     "FreedMemoryAccess",
     "GraphError",
     "GraphNotReady",
+    "MetadataNotUpgraded",
     "NestedCapture",
     "PoolClobber",
     "ReplayError",
@@ -224,3 +225,25 @@ class PoolClobber(ReplayError):
         if expected or found:
             parts.append(f"expected writer {expected}, found {found}")
         super().__init__("; ".join(parts), detail=detail)
+
+
+class MetadataNotUpgraded(ReplayError):
+    """A field of the *full* attention metadata was read from metadata that is still *raw*.
+
+    Backends that build metadata in two halves (``init_forward_metadata_out_graph`` on the host,
+    then ``init_forward_metadata_in_graph`` on the device, inside the graph) leave a cheap raw
+    object after the first half; the second half upgrades it in place. A replay path that runs
+    only the first half (the field regression after a buffer-registry refactor) would read stale
+    or capture-time metadata; the raw object raises this instead. ``field`` names what was read.
+    Fix: run ``init_forward_metadata_in_graph`` on the live batch (or record it in the graph).
+    """
+
+    clause = "RUN-5"
+
+    def __init__(self, field: str = "", *, detail: str | None = None) -> None:
+        self.field = field
+        what = f" field {field!r}" if field else ""
+        super().__init__(
+            f"read of full attention metadata{what} before init_forward_metadata_in_graph "
+            "upgraded it", detail=detail,
+        )

@@ -7,7 +7,10 @@ import types
 
 import pytest
 
-PACKAGES = ["spec", "impl", "fakes", "conformance"]
+PACKAGES = [
+    "spec", "impl", "impl.registry", "impl.breakable", "impl.cuda", "impl.models", "impl.runners",
+    "fakes", "conformance",
+]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

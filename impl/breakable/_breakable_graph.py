@@ -34,7 +34,7 @@ def _default_device() -> DeviceModule:
             "BreakableCUDAGraph(device=None) uses CudaDevice(), but CUDA is not available; "
             "pass device=, e.g. BreakableCUDAGraph(device=fakes.FakeDevice())"
         )
-    from ._cuda_device import CudaDevice
+    from ..cuda import CudaDevice
 
     return CudaDevice()
 

@@ -1,0 +1,295 @@
+"""Attention in plain torch over the paged KV cache, with metadata built in two halves.
+
+``init_forward_metadata(batch)`` is ``init_forward_metadata_out_graph(batch)`` (host and
+dynamic-shape preparation, never inside a graph) followed by
+``init_forward_metadata_in_graph(batch)`` (static-shape device preparation, recordable inside a
+graph). The first half leaves a *raw* :class:`AttentionMetadata`; the second upgrades it in place
+to the *full* one, writing into buffers allocated once at construction. Reading a full field of
+raw metadata raises :class:`spec.MetadataNotUpgraded`, never stale data.
+
+.. note::
+    The in-graph half never allocates the tensors it leaves behind: a graph reads the addresses
+    it was captured with, and a runner that prepares metadata before replay (the engines'
+    replay-prep path) would otherwise write where no graph reads (``RUN-6``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from spec import MetadataNotUpgraded
+
+from ._batch import ForwardBatch, ForwardMode
+from ._kv_cache import KVCache
+
+__all__ = ["AttentionMetadata", "TorchAttentionBackend"]
+
+_FULL_FIELDS = frozenset(
+    ("kv_indices", "kv_valid", "swa_kv_indices", "swa_valid", "compress_weight")
+)
+
+
+class AttentionMetadata:
+    """Per-step attention metadata: *raw* after the out-of-graph half, *full* after the in-graph
+    half upgraded it in place.
+
+    Raw fields (host values): ``forward_mode``, ``batch_size``, ``num_tokens``, and for extend
+    steps ``extend_seq_lens``, ``extend_prefix_lens``, ``extend_start_loc`` and ``seq_lens``
+    (host lists). Full fields (device views of the backend's buffers): ``kv_indices``
+    (``[bs, max_context_len]`` full-pool slots of each request's tokens), ``kv_valid`` (which of
+    them are within the request's length), ``swa_kv_indices`` / ``swa_valid`` (the same in the
+    sliding-window pool, within the window; ``None`` without SWA layers) and
+    ``compress_weight`` (``[T]``, the compressor-like pre-attention op's per-token weights;
+    ``None`` unless the backend has a compressor).
+    """
+
+    def __init__(
+        self,
+        forward_mode: ForwardMode,
+        batch_size: int,
+        num_tokens: int,
+        *,
+        seq_lens: list[int] | None = None,
+        extend_seq_lens: list[int] | None = None,
+        extend_prefix_lens: list[int] | None = None,
+        extend_start_loc: list[int] | None = None,
+    ) -> None:
+        self.forward_mode = forward_mode
+        self.batch_size = batch_size
+        self.num_tokens = num_tokens
+        self.seq_lens = seq_lens
+        self.extend_seq_lens = extend_seq_lens
+        self.extend_prefix_lens = extend_prefix_lens
+        self.extend_start_loc = extend_start_loc
+        self._full: dict[str, Any] | None = None
+
+    @property
+    def is_full(self) -> bool:
+        return self._full is not None
+
+    def upgrade(self, **fields: Any) -> None:
+        """Make this metadata full, in place, with ``fields`` (the full fields)."""
+        unknown = set(fields) - _FULL_FIELDS
+        if unknown:
+            raise ValueError(f"not full metadata fields: {sorted(unknown)}")
+        self._full = fields
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _FULL_FIELDS:
+            full = self.__dict__.get("_full")
+            if full is None:
+                raise MetadataNotUpgraded(name)
+            return full.get(name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def __repr__(self) -> str:
+        state = "full" if self.is_full else "raw"
+        return (f"AttentionMetadata({state}, {self.forward_mode.name}, bs={self.batch_size}, "
+                f"tokens={self.num_tokens})")
+
+
+class TorchAttentionBackend:
+    """Causal GQA attention over :class:`~impl.KVCache`, for decode and extend, with a sliding
+    window on SWA layers.
+
+    Arguments:
+        kv_cache: the cache whose pools and request-to-token table attention reads.
+        num_heads, num_kv_heads, head_dim: the attention shape (``num_heads`` a multiple of
+            ``num_kv_heads``).
+        sliding_window: window of SWA layers (a query at position ``p`` attends ``(p - w, p]``).
+        max_bs: most requests in one step; ``max_num_tokens``: most tokens in one step.
+        compressor: whether the in-graph half also builds ``compress_weight`` (the DeepSeek-V4
+            pattern's pre-attention op reads it).
+
+    Decode attention has static shapes (every request attends ``max_context_len`` keys,
+    masked), so it is recorded inside a full graph; extend attention has shapes that change
+    every step, so it runs eagerly (a break of a breakable graph).
+    """
+
+    def __init__(
+        self,
+        kv_cache: KVCache,
+        *,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        sliding_window: int | None,
+        max_bs: int,
+        max_num_tokens: int,
+        compressor: bool = False,
+    ) -> None:
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+            )
+        self.kv_cache = kv_cache
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.sliding_window = sliding_window
+        self.compressor = compressor
+        self.scale = 1.0 / math.sqrt(head_dim)
+        self.forward_metadata: AttentionMetadata | None = None
+        device, ctx = kv_cache.device, kv_cache.max_context_len
+        self.has_swa = any(kv_cache.is_swa_layer(i) for i in range(len(kv_cache.layer_types)))
+        # Written by the in-graph half, read by attention: allocated once, never re-bound.
+        self._arange = torch.arange(ctx, device=device)
+        self._kv_indices = torch.zeros(max_bs, ctx, dtype=torch.int64, device=device)
+        self._kv_valid = torch.zeros(max_bs, ctx, dtype=torch.bool, device=device)
+        self._swa_kv_indices = torch.zeros_like(self._kv_indices) if self.has_swa else None
+        self._swa_valid = torch.zeros_like(self._kv_valid) if self.has_swa else None
+        self._compress_weight = (
+            torch.zeros(max_num_tokens, dtype=torch.float32, device=device) if compressor else None
+        )
+
+    # -- metadata ------------------------------------------------------------------------------
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        """Both halves, in order (eager runs)."""
+        self.init_forward_metadata_out_graph(batch)
+        self.init_forward_metadata_in_graph(batch)
+
+    def init_forward_metadata_out_graph(self, batch: ForwardBatch) -> None:
+        """Host preparation: a new *raw* :attr:`forward_metadata` from the batch's host values.
+        Reads no device data; never called inside a graph."""
+        mode = batch.forward_mode
+        if mode.is_extend():
+            self.forward_metadata = AttentionMetadata(
+                mode, batch.batch_size, batch.num_tokens,
+                seq_lens=[int(x) for x in batch.seq_lens_cpu.tolist()],
+                extend_seq_lens=list(batch.extend_seq_lens_cpu or ()),
+                extend_prefix_lens=list(batch.extend_prefix_lens_cpu or ()),
+                extend_start_loc=list(batch.extend_start_loc_cpu or ()),
+            )
+        else:
+            self.forward_metadata = AttentionMetadata(mode, batch.batch_size, batch.num_tokens)
+
+    def init_forward_metadata_in_graph(self, batch: ForwardBatch) -> None:
+        """Device preparation with static shapes, recordable inside a graph: upgrades
+        :attr:`forward_metadata` in place, writing into the buffers allocated at construction
+        (rows ``[:bs]`` and ``[:T]``)."""
+        meta = self._require_metadata()
+        bs, tokens = batch.batch_size, batch.num_tokens
+        kv_indices, kv_valid = self._kv_indices[:bs], self._kv_valid[:bs]
+        kv_indices.copy_(self.kv_cache.req_to_token.index_select(0, batch.req_pool_indices))
+        torch.lt(self._arange.unsqueeze(0), batch.seq_lens.unsqueeze(1), out=kv_valid)
+        fields: dict[str, Any] = {"kv_indices": kv_indices, "kv_valid": kv_valid}
+        if self.has_swa:
+            swa_indices, swa_valid = self._swa_kv_indices[:bs], self._swa_valid[:bs]
+            mapping = self.kv_cache.full_to_swa_index_mapping  # type: ignore[attr-defined]
+            swa_indices.copy_(mapping.index_select(0, kv_indices.reshape(-1)).view(bs, -1))
+            first = (batch.seq_lens - self.sliding_window).unsqueeze(1)
+            torch.logical_and(kv_valid, self._arange.unsqueeze(0) >= first, out=swa_valid)
+            fields["swa_kv_indices"], fields["swa_valid"] = swa_indices, swa_valid
+        if self.compressor:
+            weight = self._compress_weight[:tokens]
+            torch.sin(batch.positions.to(torch.float32) * 0.37, out=weight)
+            weight.mul_(0.25).add_(1.0)
+            fields["compress_weight"] = weight
+        meta.upgrade(**fields)
+
+    def _require_metadata(self) -> AttentionMetadata:
+        meta = self.forward_metadata
+        if meta is None:
+            raise RuntimeError(
+                "attention metadata was never initialised: call init_forward_metadata_out_graph "
+                "(then init_forward_metadata_in_graph) before the forward pass"
+            )
+        return meta
+
+    # -- attention -----------------------------------------------------------------------------
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """Write this step's ``k``/``v`` into the cache and attend: ``q`` ``[T, heads, d]``,
+        ``k``/``v`` ``[T, kv_heads, d]``; returns ``[T, heads * d]``.
+
+        When ``q`` has more rows than the batch has tokens (a padded graph calling an eager
+        break with the live batch), only the first ``batch.num_tokens`` rows are computed; the
+        others are zero.
+        """
+        tokens = batch.num_tokens
+        if q.shape[0] != tokens:
+            out = q.new_zeros(q.shape[0], self.num_heads * self.head_dim)
+            out[:tokens] = self.forward(q[:tokens], k[:tokens], v[:tokens], layer_id, batch)
+            return out
+        self.kv_cache.set_kv_buffer(layer_id, batch.out_cache_loc, k, v)
+        if batch.forward_mode.is_decode():
+            return self._decode(q, layer_id)
+        return self._extend(q, layer_id)
+
+    def _keys(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        k_buf, v_buf = self.kv_cache.get_kv_buffer(layer_id)
+        return k_buf, v_buf, self.kv_cache.is_swa_layer(layer_id)
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor
+    ) -> torch.Tensor:
+        """One query per row: ``q`` ``[B, H, d]``, ``k``/``v`` ``[B, L, KV, d]``, ``valid``
+        ``[B, L]``."""
+        b = k.shape[0]
+        group = self.num_heads // self.num_kv_heads
+        qg = q.reshape(b, self.num_kv_heads, group, self.head_dim).float()
+        scores = torch.einsum("bkgd,blkd->bkgl", qg, k.float()) * self.scale
+        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        # Masked keys may hold anything (the dummy slot holds padded rows' writes, NaN on the
+        # fake at capture): zero them, since 0 * NaN is NaN.
+        values = torch.where(valid[:, :, None, None], v.float(), 0.0)
+        out = torch.einsum("bkgl,blkd->bkgd", probs, values)
+        return out.reshape(b, self.num_heads * self.head_dim).to(q.dtype)
+
+    def _decode(self, q: torch.Tensor, layer_id: int) -> torch.Tensor:
+        meta = self._require_metadata()
+        k_buf, v_buf, swa = self._keys(layer_id)
+        indices = meta.swa_kv_indices if swa else meta.kv_indices
+        valid = meta.swa_valid if swa else meta.kv_valid
+        bs, length = indices.shape
+        flat = indices.reshape(-1)
+        k = k_buf.index_select(0, flat).view(bs, length, self.num_kv_heads, self.head_dim)
+        v = v_buf.index_select(0, flat).view(bs, length, self.num_kv_heads, self.head_dim)
+        return self._attend(q, k, v, valid)
+
+    def _extend(self, q: torch.Tensor, layer_id: int) -> torch.Tensor:
+        meta = self._require_metadata()
+        k_buf, v_buf, swa = self._keys(layer_id)
+        kv_indices = meta.kv_indices
+        mapping = self.kv_cache.layer_locations
+        outputs = []
+        for i, (start, n, prefix) in enumerate(
+            zip(meta.extend_start_loc, meta.extend_seq_lens, meta.extend_prefix_lens, strict=True)
+        ):
+            length = prefix + n
+            locs = mapping(layer_id, kv_indices[i, :length])
+            k = k_buf.index_select(0, locs).unsqueeze(0)
+            v = v_buf.index_select(0, locs).unsqueeze(0)
+            query_pos = torch.arange(prefix, length, device=q.device).unsqueeze(1)
+            key_pos = torch.arange(length, device=q.device).unsqueeze(0)
+            valid = key_pos <= query_pos
+            if swa:
+                valid = valid & (key_pos > query_pos - self.sliding_window)
+            qi = q[start:start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, d]
+            outputs.append(self._attend_extend(qi, k, v, valid))
+        if not outputs:
+            return q.new_zeros(0, self.num_heads * self.head_dim)
+        return torch.cat(outputs, dim=0)
+
+    def _attend_extend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor
+    ) -> torch.Tensor:
+        """``q`` ``[1, H, n, d]``, ``k``/``v`` ``[1, L, KV, d]``, ``valid`` ``[n, L]``."""
+        n, length = valid.shape
+        group = self.num_heads // self.num_kv_heads
+        qg = q.reshape(self.num_kv_heads, group, n, self.head_dim).float()
+        kk = k[0].float().transpose(0, 1)  # [KV, L, d]
+        vv = v[0].float().transpose(0, 1)
+        scores = torch.einsum("kgnd,kld->kgnl", qg, kk) * self.scale
+        scores = scores.masked_fill(~valid, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        vv = torch.where(valid.any(0)[None, :, None], vv, 0.0)
+        out = torch.einsum("kgnl,kld->nkgd", probs, vv)
+        return out.reshape(n, self.num_heads * self.head_dim).to(q.dtype)
+

@@ -1,0 +1,96 @@
+"""What one forward step computes: :class:`ForwardMode` and :class:`ForwardBatch`.
+
+The field names are those of SGLang's ``ForwardBatch`` and of the registries
+(:func:`impl.build_decode_registry`, :func:`impl.build_prefill_registry`), so a registry fills
+graph-static buffers straight from a batch and :meth:`CudaGraphBufferRegistry.extract_buffer`
+returns a batch of views over them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["ForwardBatch", "ForwardMode"]
+
+
+class ForwardMode(enum.Enum):
+    """The kind of step.
+
+    - ``DECODE``: one new token per request.
+    - ``EXTEND``: a chunk of new tokens per request (prefill, or a continued prefill on top of
+      a cached prefix).
+    - ``MIXED``: extend and decode requests in one batch (served as an extend).
+    - ``IDLE``: no tokens on this rank (data-parallel padding).
+    - ``TARGET_VERIFY``: speculative decoding's verification of draft tokens (an extend that the
+      prefill graph runner does not serve).
+    """
+
+    DECODE = "decode"
+    EXTEND = "extend"
+    MIXED = "mixed"
+    IDLE = "idle"
+    TARGET_VERIFY = "target_verify"
+
+    def is_decode(self) -> bool:
+        return self is ForwardMode.DECODE
+
+    def is_extend(self) -> bool:
+        """Extend, mixed and target-verify steps: several tokens per request."""
+        return self in (ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY)
+
+    def is_idle(self) -> bool:
+        return self is ForwardMode.IDLE
+
+    def is_target_verify(self) -> bool:
+        return self is ForwardMode.TARGET_VERIFY
+
+
+@dataclass
+class ForwardBatch:
+    """The device inputs of one forward step (tokens ``T``, requests ``bs``).
+
+    Token-major: ``input_ids``, ``positions``, ``out_cache_loc`` (full-pool KV slots written this
+    step) and, for hybrid sliding-window models, ``out_cache_loc_swa`` (int32 SWA-pool slots)
+    have ``T`` rows. Request-major: ``req_pool_indices`` (rows of the request-to-token table),
+    ``seq_lens`` (lengths *after* this step) and its host mirror ``seq_lens_cpu`` have ``bs``
+    rows. Extend steps also carry ``extend_seq_lens`` (new tokens per request),
+    ``extend_prefix_lens`` (cached tokens before them), ``extend_start_loc`` (first row of each
+    request in the token axis), each with a host list (``*_cpu``). ``hidden_states`` feeds a
+    draft model the target's hidden states. ``attn_backend`` and ``kv_cache`` are the objects the
+    model's layers use (as in SGLang, the batch carries them).
+
+    The batch a graph was captured with is a batch of *views* of graph-static buffers
+    (``registry.extract_buffer``); the live batch of a step is an ordinary one.
+    """
+
+    forward_mode: ForwardMode
+    batch_size: int
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    req_pool_indices: torch.Tensor
+    seq_lens: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+    out_cache_loc: torch.Tensor
+    out_cache_loc_swa: torch.Tensor | None = None
+    extend_seq_lens: torch.Tensor | None = None
+    extend_prefix_lens: torch.Tensor | None = None
+    extend_start_loc: torch.Tensor | None = None
+    extend_seq_lens_cpu: list[int] | None = None
+    extend_prefix_lens_cpu: list[int] | None = None
+    extend_start_loc_cpu: list[int] | None = None
+    mrope_positions: torch.Tensor | None = None
+    input_embeds: torch.Tensor | None = None
+    mamba_track_indices: torch.Tensor | None = None
+    mamba_track_mask: torch.Tensor | None = None
+    hidden_states: torch.Tensor | None = None
+    attn_backend: Any = None
+    kv_cache: Any = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Rows of the token axis (``input_ids.shape[0]``)."""
+        return int(self.input_ids.shape[0])

@@ -1,0 +1,193 @@
+"""Building blocks of the reference models: RMSNorm, rotary positions, SwiGLU, attention and a
+Mamba-like recurrent mixer.
+
+Every layer reads what changes per step (the batch, the attention backend, the KV cache) from
+the forward context (:func:`impl.get_forward_context`). Inside
+:func:`impl.enable_breakable_cuda_graph`, attention and the recurrent mixer route through
+``eager_on_graph`` breaks, which read the *live* batch at replay.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..breakable import eager_on_graph, is_in_breakable_cuda_graph
+from ._batch import ForwardBatch
+from ._context import get_forward_context
+
+__all__ = ["AttentionMixer", "DecoderLayer", "RMSNorm", "RecurrentMixer", "SwiGLU"]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype) * self.weight
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.down = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(nn.functional.silu(gate) * up)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (neox layout). With ``long_threshold``, a LongRoPE-style switch:
+    when the largest position of the *whole* positions input exceeds it, every token uses the
+    long (stretched) frequencies. That reduction reads padded rows too, so stale padded
+    positions change real tokens' results (the regression ``RUN-3`` guards)."""
+
+    def __init__(
+        self, head_dim: int, base: float = 10000.0, long_threshold: int | None = None
+    ) -> None:
+        super().__init__()
+        inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv, persistent=False)
+        self.register_buffer("long_inv_freq", inv / 4.0, persistent=False)
+        self.long_threshold = long_threshold
+
+    def forward(self, positions: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        pos = positions.to(torch.float32).unsqueeze(-1)
+        if self.long_threshold is None:
+            freqs = pos * self.inv_freq
+        else:
+            use_long = (positions.max() > self.long_threshold).to(torch.float32)
+            inv = self.inv_freq + use_long * (self.long_inv_freq - self.inv_freq)
+            freqs = pos * inv
+        cos, sin = freqs.cos().unsqueeze(1), freqs.sin().unsqueeze(1)
+        out = []
+        for x in xs:
+            x1, x2 = x.float().chunk(2, dim=-1)
+            rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+            out.append(rotated.to(x.dtype))
+        return tuple(out)
+
+
+@eager_on_graph()
+def attention_break(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int
+) -> torch.Tensor:
+    """Attention as a graph break: at replay it reads the live batch from the forward context,
+    so it serves however many requests and real tokens the step has."""
+    batch = get_forward_context().batch
+    return batch.attn_backend.forward(q, k, v, layer_id, batch)
+
+
+class AttentionMixer(nn.Module):
+    """GQA self-attention with rotary positions over the paged KV cache. With ``compressor``,
+    a pre-attention op scales the input by the metadata's ``compress_weight`` (the DeepSeek-V4
+    pattern: an op outside attention that reads the full metadata)."""
+
+    def __init__(
+        self, layer_id: int, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int,
+        rotary: Rotary, compressor: bool = False,
+    ) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.qkv = nn.Linear(hidden, (num_heads + 2 * num_kv_heads) * head_dim, bias=False)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden, bias=False)
+        self.rotary = rotary
+        self.compressor = compressor
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        batch = get_forward_context().batch
+        if self.compressor:
+            weight = batch.attn_backend.forward_metadata.compress_weight
+            x = x * weight[: x.shape[0]].unsqueeze(1).to(x.dtype)
+        t = x.shape[0]
+        q, k, v = self.qkv(x).split(
+            [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
+             self.num_kv_heads * self.head_dim], dim=-1,
+        )
+        q = q.reshape(t, self.num_heads, self.head_dim)
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim).contiguous()
+        q, k = self.rotary(positions, q, k)
+        if is_in_breakable_cuda_graph():
+            out = attention_break(q, k, v, self.layer_id)
+        else:
+            out = batch.attn_backend.forward(q, k, v, self.layer_id, batch)
+        return self.o_proj(out)
+
+
+def _recurrent_step(
+    state: torch.Tensor, rows: torch.Tensor, u: torch.Tensor, decay: torch.Tensor
+) -> torch.Tensor:
+    """One token per row: ``s = a * s + (1 - a) * u``, written back to ``state[rows]``."""
+    s = decay * state.index_select(0, rows) + (1.0 - decay) * u
+    state.index_copy_(0, rows, s)
+    return s
+
+
+def recurrent_scan(
+    u: torch.Tensor, decay: torch.Tensor, layer_id: int, batch: ForwardBatch
+) -> torch.Tensor:
+    """The mixer over the batch's tokens, in order, starting from each request's state. Returns
+    ``[T, D]`` (rows past ``batch.num_tokens`` zero)."""
+    state = batch.kv_cache.recurrent_state[layer_id]
+    out = torch.zeros_like(u, dtype=torch.float32)
+    if batch.forward_mode.is_decode():
+        t = batch.num_tokens
+        out[:t] = _recurrent_step(state, batch.req_pool_indices, u[:t].float(), decay)
+        return out
+    for i, (start, n) in enumerate(
+        zip(batch.extend_start_loc_cpu, batch.extend_seq_lens_cpu, strict=True)
+    ):
+        row = batch.req_pool_indices[i : i + 1]
+        for j in range(start, start + n):
+            out[j : j + 1] = _recurrent_step(state, row, u[j : j + 1].float(), decay)
+    return out
+
+
+@eager_on_graph()
+def recurrent_break(u: torch.Tensor, decay: torch.Tensor, layer_id: int) -> torch.Tensor:
+    """The recurrent mixer as a graph break (a second kind of break): reads the live batch."""
+    return recurrent_scan(u, decay, layer_id, get_forward_context().batch)
+
+
+class RecurrentMixer(nn.Module):
+    """A Mamba-like gated linear recurrence with one state row per request (in the KV cache's
+    recurrent state pool, indexed by ``req_pool_indices``). Decode steps are static-shaped and
+    recordable; extend steps scan token by token (eager, a break)."""
+
+    def __init__(self, layer_id: int, hidden: int, state_dim: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.in_proj = nn.Linear(hidden, 2 * state_dim, bias=False)
+        self.decay_logit = nn.Parameter(torch.randn(state_dim))
+        self.out_proj = nn.Linear(state_dim, hidden, bias=False)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        u, gate = self.in_proj(x).chunk(2, dim=-1)
+        decay = torch.sigmoid(self.decay_logit.float())
+        if is_in_breakable_cuda_graph():
+            s = recurrent_break(u.contiguous(), decay, self.layer_id)
+        else:
+            s = recurrent_scan(u, decay, self.layer_id, get_forward_context().batch)
+        return self.out_proj((s * torch.sigmoid(gate.float())).to(x.dtype))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: ``x + mixer(norm(x))`` then ``x + mlp(norm(x))``."""
+
+    def __init__(self, mixer: nn.Module, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.input_norm = RMSNorm(hidden)
+        self.mixer = mixer
+        self.post_norm = RMSNorm(hidden)
+        self.mlp = SwiGLU(hidden, intermediate)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.mixer(positions, self.input_norm(x))
+        return x + self.mlp(self.post_norm(x))

@@ -1,0 +1,19 @@
+"""The input-buffer registry: graph-static buffers, their padding policies, the shared input
+pool, and the ready-made decode and prefill registries."""
+
+from ._input_pool import clear_input_buffer_pool, share_input_buffer
+from ._registry import CudaGraphBufferRegistry
+from ._registry_builders import build_decode_registry, build_prefill_registry
+from ._slot import Axis, FillContext, GraphSlot, PaddingPolicy
+
+__all__ = [
+    "Axis",
+    "CudaGraphBufferRegistry",
+    "FillContext",
+    "GraphSlot",
+    "PaddingPolicy",
+    "build_decode_registry",
+    "build_prefill_registry",
+    "clear_input_buffer_pool",
+    "share_input_buffer",
+]
