@@ -2,10 +2,13 @@
 and the vLLM-style graph manager."""
 
 from ._common import RunnerStats
+from ._prefill import BreakableCudaGraphRunner, default_prefill_sizes
 from ._decode import CudaGraphRunner, default_decode_sizes
+from ._layer_stack import resolve_layer_stack
 from ._model_runner import GenerateOutput, ModelRunner, ModelRunnerStats, Request
 
 __all__ = [
+    "BreakableCudaGraphRunner",
     "CudaGraphRunner",
     "GenerateOutput",
     "ModelRunner",
@@ -13,4 +16,6 @@ __all__ = [
     "Request",
     "RunnerStats",
     "default_decode_sizes",
+    "default_prefill_sizes",
+    "resolve_layer_stack",
 ]
