@@ -281,7 +281,7 @@ class TorchAttentionBackend:
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor
     ) -> torch.Tensor:
         """``q`` ``[1, H, n, d]``, ``k``/``v`` ``[1, L, KV, d]``, ``valid`` ``[n, L]``."""
-        n, length = valid.shape
+        n = valid.shape[0]
         group = self.num_heads // self.num_kv_heads
         qg = q.reshape(self.num_kv_heads, group, n, self.head_dim).float()
         kk = k[0].float().transpose(0, 1)  # [KV, L, d]

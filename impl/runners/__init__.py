@@ -2,12 +2,17 @@
 and the vLLM-style graph manager."""
 
 from ._common import RunnerStats
-from ._prefill import BreakableCudaGraphRunner, default_prefill_sizes
 from ._decode import CudaGraphRunner, default_decode_sizes
 from ._layer_stack import resolve_layer_stack
+from ._manager import BatchDescriptor, CudagraphDispatcher, CudaGraphManager, CUDAGraphMode
 from ._model_runner import GenerateOutput, ModelRunner, ModelRunnerStats, Request
+from ._prefill import BreakableCudaGraphRunner, default_prefill_sizes
 
 __all__ = [
+    "BatchDescriptor",
+    "CUDAGraphMode",
+    "CudaGraphManager",
+    "CudagraphDispatcher",
     "BreakableCudaGraphRunner",
     "CudaGraphRunner",
     "GenerateOutput",

@@ -1,0 +1,246 @@
+"""The vLLM-style graph manager: runtime modes, batch descriptors, the dispatcher, and a manager
+that captures full and piecewise (breakable) graphs into one pool and routes batches to them."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+
+from ..models import ForwardBatch
+from ._common import check_sizes, pad_to_captured
+from ._decode import CudaGraphRunner
+from ._prefill import BreakableCudaGraphRunner
+
+if TYPE_CHECKING:
+    from ._model_runner import ModelRunner
+
+__all__ = ["BatchDescriptor", "CUDAGraphMode", "CudaGraphManager", "CudagraphDispatcher"]
+
+
+class CUDAGraphMode(enum.Enum):
+    """Which graphs serve which batches (vLLM's names).
+
+    - ``NONE``: every batch eager.
+    - ``PIECEWISE``: every batch through piecewise (breakable) graphs.
+    - ``FULL``: every batch through full graphs.
+    - ``FULL_DECODE_ONLY``: uniform decode batches FULL, everything else NONE.
+    - ``FULL_AND_PIECEWISE``: uniform decode batches FULL, everything else PIECEWISE.
+
+    Only ``NONE``, ``PIECEWISE`` and ``FULL`` are valid at run time
+    (:meth:`valid_runtime_modes`); the two others configure a separate decode routine.
+    """
+
+    NONE = 0
+    PIECEWISE = 1
+    FULL = 2
+    FULL_DECODE_ONLY = (2, 0)
+    FULL_AND_PIECEWISE = (2, 1)
+
+    def separate_routine(self) -> bool:
+        """Whether decode and mixed batches have different modes."""
+        return isinstance(self.value, tuple)
+
+    def decode_mode(self) -> CUDAGraphMode:
+        return CUDAGraphMode(self.value[0]) if self.separate_routine() else self
+
+    def mixed_mode(self) -> CUDAGraphMode:
+        return CUDAGraphMode(self.value[1]) if self.separate_routine() else self
+
+    def has_full_cudagraphs(self) -> bool:
+        return CUDAGraphMode.FULL in (self.decode_mode(), self.mixed_mode())
+
+    def has_piecewise_cudagraphs(self) -> bool:
+        return CUDAGraphMode.PIECEWISE in (self.decode_mode(), self.mixed_mode())
+
+    def valid_runtime_modes(self) -> bool:
+        """Whether this mode may be the mode of one batch at run time."""
+        return self in (CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
+
+
+class BatchDescriptor(NamedTuple):
+    """The key of a captured graph: padded token count, request count (``None``: any, the
+    relaxed key of piecewise graphs), and whether the batch is a uniform decode."""
+
+    num_tokens: int
+    num_reqs: int | None = None
+    uniform: bool = False
+
+    def relaxed(self) -> BatchDescriptor:
+        return BatchDescriptor(self.num_tokens)
+
+
+class CudagraphDispatcher:
+    """Picks the runtime mode and the graph key of a batch.
+
+    Keys per mode, from ``capture_sizes`` (token counts): PIECEWISE keys are relaxed
+    (``BatchDescriptor(n)``) wherever the mixed (or only) mode is PIECEWISE; FULL keys are
+    exact: uniform-decode descriptors ``(n, n, True)`` for ``n <= max_num_reqs`` wherever the
+    decode mode is FULL, and relaxed ones too when the mode is plain ``FULL``.
+
+    :meth:`dispatch` pads to the smallest captured size ``>= num_tokens`` and returns FULL with
+    the exact descriptor if captured, else PIECEWISE with the relaxed one, else
+    ``(NONE, BatchDescriptor(num_tokens))`` (``RUN-10``).
+    """
+
+    def __init__(
+        self, mode: CUDAGraphMode, capture_sizes: Sequence[int], max_num_reqs: int
+    ) -> None:
+        if not isinstance(mode, CUDAGraphMode):
+            raise TypeError(f"mode must be a CUDAGraphMode, got {mode!r}")
+        self.mode = mode
+        self.capture_sizes = check_sizes("capture_sizes", capture_sizes, 1 << 30)
+        self.max_num_reqs = max_num_reqs
+        self.keys: dict[CUDAGraphMode, set[BatchDescriptor]] = {
+            CUDAGraphMode.FULL: set(), CUDAGraphMode.PIECEWISE: set()
+        }
+        for n in self.capture_sizes:
+            if mode.mixed_mode() is CUDAGraphMode.PIECEWISE:
+                self.keys[CUDAGraphMode.PIECEWISE].add(BatchDescriptor(n))
+            if mode.decode_mode() is CUDAGraphMode.FULL and n <= max_num_reqs:
+                self.keys[CUDAGraphMode.FULL].add(BatchDescriptor(n, n, True))
+            if mode is CUDAGraphMode.FULL:
+                self.keys[CUDAGraphMode.FULL].add(BatchDescriptor(n))
+
+    def dispatch(
+        self, num_tokens: int, uniform_decode: bool = False
+    ) -> tuple[CUDAGraphMode, BatchDescriptor]:
+        padded = pad_to_captured(self.capture_sizes, num_tokens)
+        if padded is None:
+            return CUDAGraphMode.NONE, BatchDescriptor(num_tokens)
+        exact = BatchDescriptor(padded, padded if uniform_decode else None, uniform_decode)
+        if exact in self.keys[CUDAGraphMode.FULL]:
+            return CUDAGraphMode.FULL, exact
+        if exact.relaxed() in self.keys[CUDAGraphMode.FULL] and not uniform_decode:
+            return CUDAGraphMode.FULL, exact.relaxed()
+        if exact.relaxed() in self.keys[CUDAGraphMode.PIECEWISE]:
+            return CUDAGraphMode.PIECEWISE, exact.relaxed()
+        return CUDAGraphMode.NONE, BatchDescriptor(num_tokens)
+
+
+class CudaGraphManager:
+    """Graphs of one model runner under a :class:`CUDAGraphMode`, in the shape of vLLM's model
+    runner: full graphs for uniform decode batches (:class:`~impl.CudaGraphRunner`), piecewise
+    graphs as breakable graphs (:class:`~impl.BreakableCudaGraphRunner`) for everything else,
+    one pool for all of them.
+
+    Arguments:
+        model_runner: the target :class:`~impl.ModelRunner` (its pool and capture stream are
+            the manager's).
+        mode: the configured mode.
+        capture_sizes: token counts (default: the decode ladder up to ``max_running_requests``
+            for FULL, and the prefill ladder for PIECEWISE).
+        use_breakable: whether piecewise graphs are breakable graphs; without it, piecewise
+            batches run the plain model call.
+
+    Capture (:meth:`capture`) puts piecewise graphs first, then full graphs, each largest
+    first, into the one pool. :meth:`execute` dispatches a batch and runs it: FULL replays the
+    full graph of its descriptor (:meth:`run_fullgraph`), PIECEWISE goes through
+    :meth:`run_pw_graph`, NONE runs eagerly. A full graph never breaks (``RUN-10``).
+    """
+
+    def __init__(
+        self,
+        model_runner: ModelRunner,
+        mode: CUDAGraphMode,
+        *,
+        capture_sizes: Sequence[int] | None = None,
+        use_breakable: bool = True,
+    ) -> None:
+        self.model_runner = model_runner
+        self.mode = mode
+        limit = min(model_runner.max_context_len, model_runner.max_total_tokens)
+        if capture_sizes is None:
+            from ._decode import default_decode_sizes
+            from ._prefill import default_prefill_sizes
+
+            capture_sizes = sorted(
+                set(default_decode_sizes(model_runner.max_running_requests))
+                | set(default_prefill_sizes(min(limit, 512)))
+            )
+        self.capture_sizes = check_sizes("capture_sizes", capture_sizes, limit)
+        self.dispatcher = CudagraphDispatcher(
+            mode, self.capture_sizes, model_runner.max_running_requests
+        )
+        self.use_breakable_cg = bool(use_breakable) and mode.has_piecewise_cudagraphs()
+        self.pool = model_runner.graph_pool
+        self.stream = model_runner.capture_stream
+        self._pw_runners: dict[int, BreakableCudaGraphRunner] = {}
+        self._full: CudaGraphRunner | None = None
+
+    # -- piecewise -----------------------------------------------------------------------------
+
+    def init_breakable_cg_runner(self, model: ModelRunner) -> BreakableCudaGraphRunner:
+        """The breakable runner of ``model`` (a :class:`~impl.ModelRunner`: the target's or a
+        draft's), created on first use, capturing into the manager's pool."""
+        runner = self._pw_runners.get(id(model))
+        if runner is None:
+            sizes = sorted(self.dispatcher.keys[CUDAGraphMode.PIECEWISE]) or [
+                BatchDescriptor(self.capture_sizes[-1])
+            ]
+            limit = min(model.max_context_len, model.max_total_tokens)
+            runner = BreakableCudaGraphRunner(
+                model, capture_num_tokens=[d.num_tokens for d in sizes if d.num_tokens <= limit],
+                pool=self.pool, stream=self.stream,
+            )
+            self._pw_runners[id(model)] = runner
+        return runner
+
+    def run_pw_graph(self, model: ModelRunner, batch: ForwardBatch) -> torch.Tensor:
+        """A piecewise step of ``model``: its breakable runner when breakable graphs are on
+        (which itself runs eagerly what it cannot serve), else the plain model call."""
+        if not self.use_breakable_cg:
+            return model.forward_eager(batch)
+        return self.init_breakable_cg_runner(model)(batch)
+
+    # -- full ----------------------------------------------------------------------------------
+
+    def _full_runner(self) -> CudaGraphRunner:
+        if self._full is None:
+            sizes = sorted(d.num_tokens for d in self.dispatcher.keys[CUDAGraphMode.FULL]
+                           if d.uniform)
+            self._full = CudaGraphRunner(self.model_runner, capture_bs=sizes)
+        return self._full
+
+    def run_fullgraph(self, desc: BatchDescriptor, batch: ForwardBatch) -> torch.Tensor:
+        """Replay the full graph captured for ``desc`` with ``batch`` (padded into it).
+
+        .. note::
+            Full graphs here serve uniform decode batches: extend attention has shapes that
+            change every step. In plain ``FULL`` mode a non-uniform batch dispatches FULL (the
+            dispatcher follows the mode) and the full runner's gate runs it eagerly, counted
+            in its ``eager_fallbacks``.
+        """
+        if desc not in self.dispatcher.keys[CUDAGraphMode.FULL]:
+            raise ValueError(f"no full graph is captured for {desc}")
+        return self._full_runner()(batch)
+
+    # -- capture and execution -----------------------------------------------------------------
+
+    def capture(self) -> None:
+        """Capture every graph of the mode into the one pool: piecewise first, then full."""
+        if self.mode.has_piecewise_cudagraphs() and self.use_breakable_cg:
+            self.init_breakable_cg_runner(self.model_runner)
+        if self.dispatcher.keys[CUDAGraphMode.FULL]:
+            self._full_runner()
+
+    def dispatch(self, batch: ForwardBatch) -> tuple[CUDAGraphMode, BatchDescriptor]:
+        uniform = batch.forward_mode.is_decode() and batch.num_tokens == batch.batch_size
+        return self.dispatcher.dispatch(batch.num_tokens, uniform_decode=uniform)
+
+    def execute(self, batch: ForwardBatch) -> torch.Tensor:
+        """Dispatch ``batch`` and run it on the path its runtime mode names."""
+        mode, desc = self.dispatch(batch)
+        if mode is CUDAGraphMode.FULL:
+            return self.run_fullgraph(desc, batch)
+        if mode is CUDAGraphMode.PIECEWISE:
+            return self.run_pw_graph(self.model_runner, batch)
+        return self.model_runner.forward_eager(batch)
+
+    @property
+    def runners(self) -> tuple[Any, ...]:
+        """Every graph runner the manager made so far."""
+        full = (self._full,) if self._full is not None else ()
+        return (*self._pw_runners.values(), *full)
