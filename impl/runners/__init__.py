@@ -10,11 +10,11 @@ from ._prefill import BreakableCudaGraphRunner, default_prefill_sizes
 
 __all__ = [
     "BatchDescriptor",
+    "BreakableCudaGraphRunner",
     "CUDAGraphMode",
     "CudaGraphManager",
-    "CudagraphDispatcher",
-    "BreakableCudaGraphRunner",
     "CudaGraphRunner",
+    "CudagraphDispatcher",
     "GenerateOutput",
     "ModelRunner",
     "ModelRunnerStats",
