@@ -8,7 +8,14 @@ report), ``pytest --pyargs conformance --backend=fake`` (installed), or from a c
 own implementation with ``--backend module:factory``, ``factory()`` returning an :class:`Adapter`.
 """
 
-from ._adapter import BREAKABLE_NAMES, REGISTRY_NAMES, Adapter, Part
+from ._adapter import (
+    BREAKABLE_NAMES,
+    REGISTRY_NAMES,
+    RUNNER_NAMES,
+    RUNNER_OPTIONAL_NAMES,
+    Adapter,
+    Part,
+)
 from ._backend import Backend, Capability, load_backend
 from ._isolation import ErrorInfo, Outcome, run_scenario
 from ._oplog import OpLog
@@ -25,6 +32,8 @@ __all__ = [
     "Outcome",
     "Part",
     "REGISTRY_NAMES",
+    "RUNNER_NAMES",
+    "RUNNER_OPTIONAL_NAMES",
     "TestOutcome",
     "fold",
     "load_backend",

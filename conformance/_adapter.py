@@ -11,7 +11,10 @@ Parts, and the names each must provide (a module, a class instance or a ``Simple
 - ``device``: a zero-argument factory of a :class:`spec.DeviceModule` (the fake, CUDA, yours).
 - ``registry``: :data:`REGISTRY_NAMES` (``impl``'s input-buffer registry API).
 - ``breakable``: :data:`BREAKABLE_NAMES` (``impl``'s breakable-graph API).
-- ``runners``: anything the runner scenarios need (reserved: no scenario uses it yet).
+- ``runners``: :data:`RUNNER_NAMES` (a decode runner class shaped like
+  :class:`impl.CudaGraphRunner`), optionally ``BreakableCudaGraphRunner`` and the manager
+  names (:data:`RUNNER_OPTIONAL_NAMES`); scenarios plug them into ``impl.ModelRunner`` over the
+  reference models and KV cache, and skip, naming what is missing, the ones they need.
 
 For compatibility a factory may also return a bare device module: that is an adapter with only a
 device part.
@@ -28,6 +31,8 @@ from spec import DeviceModule
 __all__ = [
     "BREAKABLE_NAMES",
     "REGISTRY_NAMES",
+    "RUNNER_NAMES",
+    "RUNNER_OPTIONAL_NAMES",
     "Adapter",
     "Part",
     "check_part",
@@ -61,7 +66,24 @@ BREAKABLE_NAMES: Final = (
 )
 """What a ``breakable`` part provides, with ``impl``'s names and semantics (``BCG-*``)."""
 
-_REQUIRED: Final = {"registry": REGISTRY_NAMES, "breakable": BREAKABLE_NAMES, "runners": ()}
+RUNNER_NAMES: Final = ("CudaGraphRunner",)
+"""What a ``runners`` part provides at least: a decode runner class built as
+``CudaGraphRunner(model_runner, capture_bs=sizes, **options)`` with ``impl.CudaGraphRunner``'s
+gate (``runner(batch)``), ``can_run``, ``replay``, ``stats`` and ``graphs`` (``RUN-*``)."""
+
+RUNNER_OPTIONAL_NAMES: Final = (
+    "BatchDescriptor",
+    "BreakableCudaGraphRunner",
+    "CUDAGraphMode",
+    "CudaGraphManager",
+    "CudagraphDispatcher",
+)
+"""Runner names a ``runners`` part may add (the breakable prefill runner, the manager); tests
+needing one it lacks are skipped with the name."""
+
+_REQUIRED: Final = {
+    "registry": REGISTRY_NAMES, "breakable": BREAKABLE_NAMES, "runners": RUNNER_NAMES,
+}
 
 
 @dataclass(frozen=True)

@@ -184,6 +184,7 @@ def _fake() -> Backend:
          "node_count", "simulator"],
         registry=impl,
         breakable=impl,
+        runners=impl,
     )
 
 
@@ -207,6 +208,7 @@ def _cuda() -> Backend:
         isolate_failures=True,
         registry=impl,
         breakable=impl,
+        runners=impl,
     )
 
 

@@ -17,6 +17,17 @@ hazard errors, on CUDA through the corrupted data itself.
 - ``swa_pad_kept`` (registry): the hybrid-SWA decode registry keeps the pad rows of
   ``out_cache_loc_swa`` (FOREACH_COPY instead of ZERO), so a padded request's KV write lands on
   the sliding-window cache location of a request from an earlier, larger batch.
+- ``positions_pad_kept`` (registry): ``positions`` keeps stale pad rows (sglang #24361).
+
+Runner mutants (:data:`DECODE_MUTANTS`, :data:`PREFILL_MUTANTS`), each a field regression:
+``swa_loc_not_installed`` (the SWA fast path never recorded), ``swa_pad_kept`` and
+``positions_pad_kept`` in a decode runner (#24743, #24361), ``translation_cache`` (a
+``data_ptr``-keyed cache surviving warmup into capture, #25824), ``in_graph_half_outside`` (the
+in-graph metadata half run before capture, not in the graph), ``allocating_metadata`` (new
+metadata tensors per call, #27664); for prefill ``logits_in_graph`` (one request baked into the
+graph, #24662), ``out_graph_half_only`` (replay skips the in-graph half, #26742 review) and
+``lazy_upgrade_on_side_stream`` (metadata upgraded inside the first attention call on a side
+stream, after ops that read it).
 """
 
 from __future__ import annotations
@@ -30,7 +41,9 @@ import impl
 from spec import DeviceModule
 
 __all__ = [
+    "DECODE_MUTANTS",
     "MUTANTS",
+    "PREFILL_MUTANTS",
     "REGISTRY_MUTANTS",
     "UnjoinedForkCapture",
     "WeakInputsCapture",
@@ -169,3 +182,203 @@ REGISTRY_MUTANTS: Final[dict[str, Callable[..., impl.CudaGraphBufferRegistry]]] 
     "swa_pad_kept": _swa_pad_kept,
 }
 """Mutant name -> a drop-in replacement of ``build_decode_registry``."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Runner mutants: each reproduces one field regression of a decode or prefill runner.
+# ---------------------------------------------------------------------------------------------
+
+
+def _positions_pad_kept(**kwargs: Any) -> impl.CudaGraphBufferRegistry:
+    """Mutant of :func:`impl.build_decode_registry`: ``positions`` declared FOREACH_COPY, so the
+    pad keeps the previous batch's positions (``RUN-3``)."""
+    registry = impl.CudaGraphBufferRegistry(
+        kwargs["device"], kwargs["max_bs"], kwargs["max_num_token"],
+        share_pool=kwargs.get("share_pool", False),
+    )
+    reference = impl.build_decode_registry(**{**kwargs, "share_pool": False})
+    for name in reference.slot_names():
+        slot = reference.get_slot(name)
+        policy = impl.PaddingPolicy.FOREACH_COPY if name == "positions" else slot.padding_policy
+        registry.register_slot(impl.GraphSlot(
+            name, slot.shape_fn, slot.dtype, slot.axis, device=slot.device,
+            padding_policy=policy, pad_value=slot.pad_value, slice_fn=slot.slice_fn,
+        ))
+    return registry
+
+
+
+def _registry_runner(build: Callable[..., impl.CudaGraphBufferRegistry]) -> type:
+    class RegistryMutantRunner(impl.CudaGraphRunner):
+        def _build_registry(self) -> impl.CudaGraphBufferRegistry:
+            config = self.model_runner.model.config
+            return build(
+                device=self.device.device, max_bs=self.max_bs, max_num_token=self.max_bs,
+                seq_len_fill_value=1, cache_loc_dtype=torch.int64,
+                is_hybrid_swa=config.is_hybrid_swa, share_pool=False,
+            )
+
+    return RegistryMutantRunner
+
+
+class SwaLocNotInstalledRunner(impl.CudaGraphRunner):
+    """Mutant: ``set_swa_loc`` is not called before capture, so every decode graph records a
+    translation per SWA layer (``RUN-1``): correct data, the slow path."""
+
+    def _static_swa_loc(self) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+class InGraphHalfOutsideRunner(impl.CudaGraphRunner):
+    """Mutant: the in-graph metadata half runs eagerly before capture instead of inside the
+    graph, and not before replay: replay reads the capture batch's metadata (``RUN-5``)."""
+
+    def _prepare_capture(self, batch: Any) -> None:
+        super()._prepare_capture(batch)
+        self.model_runner.attn_backend.init_forward_metadata_in_graph(batch)
+
+    def _record_forward(self, batch: Any) -> torch.Tensor:
+        return self.model_runner.model(batch)
+
+
+class _CachingSWAKVCache(impl.HybridSWAKVCache):
+    """A translation cache keyed on the location tensor's address and shape, which survives
+    warmup into capture: the capture finds the warmup's result and records nothing."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._translated: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}
+
+    def translate_loc_from_full_to_swa(self, loc: torch.Tensor) -> torch.Tensor:
+        key = (loc.data_ptr(), tuple(loc.shape))
+        found = self._translated.get(key)
+        if found is None:
+            found = self._translated[key] = super().translate_loc_from_full_to_swa(loc)
+        return found
+
+
+class TranslationCacheModelRunner(impl.ModelRunner):
+    """Mutant (with a slow-path decode runner): SWA translations cached by ``data_ptr``
+    (``RUN-4``)."""
+
+    def _make_kv_cache(self) -> impl.KVCache:
+        kv = super()._make_kv_cache()
+        if not isinstance(kv, impl.HybridSWAKVCache):
+            return kv
+        return _CachingSWAKVCache(
+            layer_types=kv.layer_types, num_kv_heads=kv.k_buffer[0].shape[1],
+            head_dim=kv.k_buffer[0].shape[2], size=kv.size, max_requests=kv.max_requests,
+            max_context_len=kv.max_context_len, dtype=kv.k_buffer[0].dtype, device=kv.device,
+            swa_size=kv.swa_size, sliding_window=kv.sliding_window,
+        )
+
+
+class _AllocatingBackend(impl.TorchAttentionBackend):
+    """The in-graph half allocates fresh metadata tensors on every call."""
+
+    def init_forward_metadata_in_graph(self, batch: Any) -> None:
+        meta = self._require_metadata()
+        kv = self.kv_cache
+        kv_indices = kv.req_to_token.index_select(0, batch.req_pool_indices)
+        kv_valid = self._arange.unsqueeze(0) < batch.seq_lens.unsqueeze(1)
+        fields: dict[str, Any] = {"kv_indices": kv_indices, "kv_valid": kv_valid}
+        if self.has_swa:
+            mapping = kv.full_to_swa_index_mapping  # type: ignore[attr-defined]
+            fields["swa_kv_indices"] = mapping.index_select(
+                0, kv_indices.reshape(-1)).view_as(kv_indices)
+            first = (batch.seq_lens - self.sliding_window).unsqueeze(1)
+            fields["swa_valid"] = kv_valid & (self._arange.unsqueeze(0) >= first)
+        if self.compressor:
+            fields["compress_weight"] = torch.sin(batch.positions.float() * 0.37) * 0.25 + 1.0
+        meta.upgrade(**fields)
+
+
+class AllocatingMetadataModelRunner(impl.ModelRunner):
+    """Mutant (with a replay-prep decode runner): the in-graph half allocates new metadata
+    tensors per call (``RUN-6``)."""
+
+    def _make_attention_backend(self) -> impl.TorchAttentionBackend:
+        config = self.model.config
+        return _AllocatingBackend(
+            self.kv_cache, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim, sliding_window=config.sliding_window,
+            max_bs=self.max_running_requests, max_num_tokens=self.max_total_tokens,
+            compressor=config.compressor,
+        )
+
+
+class LogitsInGraphPrefillRunner(impl.BreakableCudaGraphRunner):
+    """Mutant: the whole model, ``compute_logits`` included, is captured with the one-request
+    placeholder, baking one request into the graph (``RUN-7``)."""
+
+    def _captured_forward(self, batch: Any) -> Any:
+        return self.model_runner.model(batch)
+
+    def _outputs(self, captured: Any, batch: Any) -> torch.Tensor:
+        return captured.clone()
+
+
+class OutOfGraphHalfOnlyPrefillRunner(impl.BreakableCudaGraphRunner):
+    """Mutant: replay runs only the out-of-graph metadata half (the regression after the
+    buffer-registry refactor, ``RUN-8``); capture still ran both."""
+
+    def _prepare_capture(self, batch: Any) -> None:
+        self.model_runner.attn_backend.init_forward_metadata(batch)
+
+    def _prepare_replay(self, batch: Any) -> None:
+        self.model_runner.attn_backend.init_forward_metadata_out_graph(batch)
+
+
+class _LazyUpgradeBackend(impl.TorchAttentionBackend):
+    """Upgrades raw metadata lazily, inside the first attention call, on a side stream."""
+
+    device_module: Any = None
+
+    def forward(self, q: Any, k: Any, v: Any, layer_id: int, batch: Any) -> torch.Tensor:
+        meta = self.forward_metadata
+        if meta is not None and not meta.is_full:
+            device = self.device_module
+            side, current = device.Stream(), device.current_stream()
+            side.wait_stream(current)
+            with device.stream(side):
+                self.init_forward_metadata_in_graph(batch)
+            current.wait_stream(side)
+        return super().forward(q, k, v, layer_id, batch)
+
+
+class LazyUpgradeModelRunner(impl.ModelRunner):
+    """Mutant (with :class:`OutOfGraphHalfOnlyPrefillRunner`): metadata upgraded lazily by the
+    first attention call on a side stream, after ops that read it already ran (``RUN-8``)."""
+
+    def _make_attention_backend(self) -> impl.TorchAttentionBackend:
+        config = self.model.config
+        backend = _LazyUpgradeBackend(
+            self.kv_cache, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim, sliding_window=config.sliding_window,
+            max_bs=self.max_running_requests, max_num_tokens=self.max_total_tokens,
+            compressor=config.compressor,
+        )
+        backend.device_module = self.device
+        return backend
+
+
+DECODE_MUTANTS: Final[dict[str, tuple[type, type, dict[str, Any]]]] = {
+    "swa_loc_not_installed": (impl.ModelRunner, SwaLocNotInstalledRunner, {}),
+    "swa_pad_kept": (impl.ModelRunner, _registry_runner(_swa_pad_kept), {}),
+    "positions_pad_kept": (impl.ModelRunner, _registry_runner(_positions_pad_kept), {}),
+    "translation_cache": (TranslationCacheModelRunner, impl.CudaGraphRunner,
+                          {"swa_fast_path": False}),
+    "in_graph_half_outside": (impl.ModelRunner, InGraphHalfOutsideRunner, {}),
+    "allocating_metadata": (AllocatingMetadataModelRunner, impl.CudaGraphRunner,
+                            {"metadata_in_graph": False}),
+}
+"""Decode-runner mutant name -> (model runner class, decode runner class, runner options)."""
+
+PREFILL_MUTANTS: Final[dict[str, tuple[type, type]]] = {
+    "logits_in_graph": (impl.ModelRunner, LogitsInGraphPrefillRunner),
+    "out_graph_half_only": (impl.ModelRunner, OutOfGraphHalfOnlyPrefillRunner),
+    "lazy_upgrade_on_side_stream": (LazyUpgradeModelRunner, OutOfGraphHalfOnlyPrefillRunner),
+}
+"""Prefill-runner mutant name -> (model runner class, prefill runner class)."""

@@ -210,6 +210,14 @@ def breakable_api(backend: Backend) -> Any:
     return check_part(backend, "breakable", backend.label)
 
 
+@pytest.fixture(scope="session")
+def runner_api(backend: Backend) -> Any:
+    """The graph-runner API under test (``impl`` for the reference backends): an object with
+    :data:`conformance.RUNNER_NAMES` and maybe :data:`conformance.RUNNER_OPTIONAL_NAMES`. Skips,
+    naming the backend, when the backend's adapter provides no runners."""
+    return check_part(backend, "runners", backend.label)
+
+
 # ---------------------------------------------------------------------------------------------
 # Hooks
 # ---------------------------------------------------------------------------------------------

@@ -5,7 +5,14 @@ PoolClobber``); every public name is re-exported here.
 """
 
 # The _clauses_* modules register their clauses on import.
-from . import _clauses_breakable, _clauses_device, _clauses_errors, _clauses_registry, errors  # noqa: F401
+from . import (  # noqa: F401
+    _clauses_breakable,
+    _clauses_device,
+    _clauses_errors,
+    _clauses_registry,
+    _clauses_runners,
+    errors,
+)
 from .clauses import CLAUSES, Clause, define, get_clause
 from .devices import device_names, get_device, register_device
 from .errors import (

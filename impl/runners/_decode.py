@@ -59,6 +59,8 @@ class CudaGraphRunner:
             both halves before every replay (the engines' replay-prep path), which then relies on
             the backend writing in place (``RUN-6``).
         num_warmups: eager runs per size before its capture.
+        keep_graph: capture with ``device.CUDAGraph(keep_graph=True)`` so that
+            ``device.graph_node_count`` can count each graph's work items on CUDA.
 
     .. note::
         Graphs share one pool and are captured largest first, so smaller sizes re-use the
@@ -74,6 +76,7 @@ class CudaGraphRunner:
         swa_fast_path: bool = True,
         metadata_in_graph: bool = True,
         num_warmups: int = 2,
+        keep_graph: bool = False,
     ) -> None:
         self.model_runner = model_runner
         self.device = model_runner.device
@@ -84,6 +87,7 @@ class CudaGraphRunner:
         self.swa_fast_path = bool(swa_fast_path)
         self.metadata_in_graph = bool(metadata_in_graph)
         self.num_warmups = int(num_warmups)
+        self.keep_graph = bool(keep_graph)
         self.registry = self._build_registry()
         self.graphs: dict[int, Any] = {}
         self.outputs: dict[int, torch.Tensor] = {}
@@ -169,7 +173,7 @@ class CudaGraphRunner:
             self._prepare_capture(batch)
             for _ in range(self.num_warmups):
                 self._record_forward(batch)
-            graph = device.CUDAGraph()
+            graph = device.CUDAGraph(keep_graph=True) if self.keep_graph else device.CUDAGraph()
             with device.graph(graph, pool=runner.graph_pool, stream=runner.capture_stream):
                 output = self._record_forward(batch)
         self.graphs[bs], self.outputs[bs], self.batches[bs] = graph, output, batch

@@ -127,6 +127,10 @@ class BreakableCudaGraphRunner:
         """Both metadata halves on the live batch (``RUN-8``)."""
         self.model_runner.attn_backend.init_forward_metadata(batch)
 
+    def _prepare_capture(self, batch: ForwardBatch) -> None:
+        """Metadata work before warmup and capture: as before a replay."""
+        self._prepare_replay(batch)
+
     def _captured_forward(self, batch: ForwardBatch) -> Any:
         """What the breakable graph records: the layer stack only (``RUN-7``)."""
         assert self.layer_stack is not None
@@ -168,7 +172,7 @@ class BreakableCudaGraphRunner:
     def _capture_one(self, tokens: int) -> None:
         batch = self._placeholder(tokens)
         with set_forward_context(batch):
-            self._prepare_replay(batch)
+            self._prepare_capture(batch)
             for _ in range(self.num_warmups):
                 self._captured_forward(batch)
             graph = BreakableCUDAGraph(self.device)

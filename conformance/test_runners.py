@@ -1,0 +1,169 @@
+"""Runner scenarios: decode graphs and breakable prefill against the eager ground truth, the
+gate and its counters, layer-stack resolution, and the graph manager's dispatch."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import impl
+
+from ._runner_scenarios import KINDS, expect_close, make_model, make_runner, optional_runner
+
+_RUNNERS: dict[tuple[int, str, str], impl.ModelRunner] = {}
+
+
+def _cached(device: Any, kind: str, role: str, runner_api: Any) -> impl.ModelRunner:
+    """One eager and one graph runner per device and kind, reused by every example (requests
+    come and go on the same runner, as in an engine)."""
+    key = (id(device), kind, role)
+    if key not in _RUNNERS:
+        if role == "eager":
+            _RUNNERS[key] = make_runner(device, kind)
+        else:
+            _RUNNERS[key] = make_runner(
+                device, kind, decode=runner_api.CudaGraphRunner,
+                prefill=getattr(runner_api, "BreakableCudaGraphRunner", None),
+            )
+    return _RUNNERS[key]
+
+
+requests_st = st.lists(
+    st.tuples(st.lists(st.integers(0, 63), min_size=1, max_size=9), st.integers(1, 6)),
+    min_size=1, max_size=7,
+)
+
+
+@pytest.mark.clause("RUN-11", "RUN-7")
+@pytest.mark.parametrize("kind", KINDS)
+@settings(max_examples=8)
+@given(requests=requests_st)
+def test_generate_with_graphs_equals_eager(device, runner_api, kind, requests) -> None:
+    prompts = [p for p, _ in requests]
+    limits = [m for _, m in requests]
+    eager = _cached(device, kind, "eager", runner_api)
+    graphs = _cached(device, kind, "graphs", runner_api)
+    expected = eager.generate(prompts, limits)
+    actual = graphs.generate(prompts, limits)
+    assert actual.tokens == expected.tokens, (
+        f"{kind}: tokens {actual.tokens}, eager {expected.tokens}"
+    )
+    for i, (a, e) in enumerate(zip(actual.logits, expected.logits, strict=True)):
+        expect_close(a, e, f"{kind}, request {i}")
+
+
+@pytest.mark.clause("RUN-11")
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_decode_size_and_the_sizes_between(device, runner_api, kind) -> None:
+    eager = make_runner(device, kind, max_running_requests=8)
+    graphs = make_runner(device, kind, max_running_requests=8, capture_bs=[1, 2, 4, 8],
+                         decode=runner_api.CudaGraphRunner)
+    prompts = [[(7 * i + j) % 64 for j in range(1 + i % 4)] for i in range(8)]
+    steps: list[tuple[str, list[int]]] = [("extend", list(range(8)))]
+    steps += [("decode", list(range(n))) for n in (8, 7, 6, 5, 4, 3, 2, 1, 8)]
+    from ._runner_scenarios import run_steps
+
+    for step, (a, e) in enumerate(zip(run_steps(graphs, steps, prompts),
+                                      run_steps(eager, steps, prompts), strict=True)):
+        expect_close(a, e, f"{kind}, step {step} ({steps[step][0]} of {len(steps[step][1])})")
+    assert graphs.decode_runner.stats.replays == 9
+
+
+@pytest.mark.clause("RUN-12")
+def test_gate_counts_captures_replays_and_fallbacks(device, runner_api) -> None:
+    runner = make_runner(device, "dense", max_running_requests=4, capture_bs=[1, 2],
+                         decode=runner_api.CudaGraphRunner)
+    decode = runner.decode_runner
+    assert decode.stats.captures == 2, f"captures {decode.stats}"
+    requests = [runner.new_request([1, 2, 3]) for _ in range(3)]
+    runner.extend(requests)
+    runner.decode(requests[:2])  # served: 2 <= largest captured size
+    runner.decode(requests)  # declined: 3 > 2, eager
+    stats = decode.stats
+    assert (stats.captures, stats.replays, stats.eager_fallbacks) == (2, 1, 1), f"{stats}"
+    assert runner.stats.graph_replays == 1 and runner.stats.eager_runs >= 2, f"{runner.stats}"
+    for r in requests:
+        runner.release(r)
+
+
+_BATCHES = st.lists(st.integers(1, 9), min_size=1, max_size=8)
+
+
+def _extend_once(runner: impl.ModelRunner, lengths: list[int]) -> torch.Tensor:
+    requests = [runner.new_request([(3 * i + j) % 64 for j in range(n)])
+                for i, n in enumerate(lengths)]
+    try:
+        return runner.extend(requests)
+    finally:
+        for r in requests:
+            runner.release(r)
+
+
+@pytest.mark.clause("RUN-7")
+@pytest.mark.parametrize("kind", KINDS)
+@settings(max_examples=10)
+@given(lengths=_BATCHES)
+def test_prefill_of_many_requests_equals_eager(device, runner_api, kind, lengths) -> None:
+    prefill = optional_runner(runner_api, "BreakableCudaGraphRunner")
+    key = (id(device), kind, "prefill8")
+    if key not in _RUNNERS:
+        _RUNNERS[key] = make_runner(device, kind, prefill=prefill, max_running_requests=8,
+                                    capture_num_tokens=[8, 16, 32, 64], max_context_len=64)
+        _RUNNERS[(id(device), kind, "eager8")] = make_runner(
+            device, kind, max_running_requests=8, max_context_len=64)
+    graphs, eager = _RUNNERS[key], _RUNNERS[(id(device), kind, "eager8")]
+    expect_close(_extend_once(graphs, lengths), _extend_once(eager, lengths),
+                 f"{kind}, prefill of {lengths}")
+
+
+class _Wrapped(nn.Module):
+    """A model without get_layer_stack whose layer stack sits at ``language_model.model``."""
+
+    def __init__(self, inner: impl.CausalLM) -> None:
+        super().__init__()
+        self.language_model = inner
+        self.config = inner.config
+        self.lm_head = inner.lm_head
+
+    def compute_logits(self, hidden: torch.Tensor, batch: Any) -> torch.Tensor:
+        return self.language_model.compute_logits(hidden, batch)
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        return self.language_model(batch)
+
+
+class _Opaque(_Wrapped):
+    """A model whose stack cannot be found: no get_layer_stack, no usual attributes."""
+
+    def __init__(self, inner: impl.CausalLM) -> None:
+        super().__init__(inner)
+        del self.language_model
+        self.body = inner
+
+    def compute_logits(self, hidden: torch.Tensor, batch: Any) -> torch.Tensor:
+        return self.body.compute_logits(hidden, batch)
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        return self.body(batch)
+
+
+@pytest.mark.clause("RUN-9")
+@pytest.mark.parametrize("wrapper", [_Wrapped, _Opaque])
+def test_layer_stack_resolution(device, runner_api, caplog, wrapper) -> None:
+    prefill = optional_runner(runner_api, "BreakableCudaGraphRunner")
+    with caplog.at_level(logging.WARNING):
+        graphs = make_runner(device, "dense", prefill=prefill,
+                             model=wrapper(make_model(device, "dense")))
+    assert caplog.records, "no warning was logged for a model without get_layer_stack"
+    runner = graphs.prefill_runner
+    expected_enabled = wrapper is _Wrapped
+    assert runner.stats.captures == (4 if expected_enabled else 0), f"{runner.stats}"
+    eager = make_runner(device, "dense")
+    expect_close(_extend_once(graphs, [3, 5]), _extend_once(eager, [3, 5]), wrapper.__name__)
+    assert (runner.stats.replays == 1) is expected_enabled, f"{runner.stats}"

@@ -1,0 +1,49 @@
+"""Clauses of the graph runners (``RUN``): the decode runner, the breakable prefill runner, and
+the graph manager, each checked against the eager ground truth."""
+
+from .clauses import define
+
+define(
+    "runners",
+    [
+        ("RUN-1", """For a hybrid sliding-window model, the decode runner installs the registry's
+            out_cache_loc_swa buffer with set_swa_loc before warmup and capture, so each decode
+            graph records no per-layer translation: it has exactly one translation's work items
+            per SWA layer fewer than the same runner on the slow path."""),
+        ("RUN-2", """A decode replay padded from a smaller batch than an earlier replay changes no
+            live request's KV (full and sliding-window pools) except at the positions written
+            this step: padded rows write only the dummy slot."""),
+        ("RUN-3", """Padded rows of every token-axis input a model op reads (positions) hold
+            benign values after each fill, so an op that reduces over the whole padded input
+            gives the eager result after the batch shrinks."""),
+        ("RUN-4", """Work that depends on a replay's inputs is recorded in the graph at capture:
+            no cache keyed on an address or object identity, filled during warmup, may skip it
+            (SWA locations are translated at every replay on the slow path)."""),
+        ("RUN-5", """Attention metadata is built in two halves; the in-graph half is recorded in
+            each decode graph (or run before every replay), so replay never reads the capture
+            batch's metadata; reading a full field of metadata that the in-graph half did not
+            upgrade raises MetadataNotUpgraded, never returns stale data."""),
+        ("RUN-6", """The in-graph metadata half writes into buffers allocated once, never into new
+            tensors per call, so a runner that prepares metadata before replay writes where the
+            graph reads."""),
+        ("RUN-7", """The breakable prefill runner captures only the layer stack, with a one-request
+            placeholder batch; replaying it for any batch of 1..max requests whose token count
+            fits gives the eager next-token logits of every request."""),
+        ("RUN-8", """Before a breakable prefill replay both metadata halves run on the live,
+            unpadded batch, before any captured op or forked side stream reads the metadata."""),
+        ("RUN-9", """A model without get_layer_stack() whose usual attributes (language_model,
+            model) lead to a module with layers is served with a warning; a model with neither
+            disables the prefill runner with a warning and every batch runs eagerly with
+            correct results."""),
+        ("RUN-10", """The dispatcher pads to the smallest captured size >= n and picks FULL with
+            the exact descriptor, else PIECEWISE with the relaxed one (num_reqs=None), else
+            NONE; the manager runs each (mode, batch kind) pair on that path, a FULL replay
+            records no break, and a draft model's prefill through run_pw_graph equals eager."""),
+        ("RUN-11", """Graph replay equals eager: decode graphs for every captured size and the raw
+            sizes between them, and breakable prefill, over many steps with requests joining
+            and leaving, on every reference model kind (tokens equal, logits within 1e-3)."""),
+        ("RUN-12", """A runner's gate replays the batches it can serve and runs the others
+            eagerly; captures, replays and eager fallbacks are counted: one capture per size,
+            one replay per served batch, one fallback per declined batch."""),
+    ],
+)

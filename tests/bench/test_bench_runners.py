@@ -1,0 +1,423 @@
+"""Benchmark: the model runners' graphs against eager execution, one step at a time.
+
+Two measurements on a reference model (:func:`impl.models.build_model`, ``"dense"``, bf16):
+
+- **Decode** (8 layers, hidden 1024, 16 heads, 4 KV heads, vocab 32000) at batch 1, 8 and 32:
+  ``ModelRunner.forward_eager`` (both metadata halves and the model, eagerly) against
+  ``decode_runner.replay`` (registry fill, the out-of-graph metadata half, the full-graph replay
+  and the copy of the logits) of the *same* decode batch. Target: graph >= 3x faster at batch 1.
+- **Prefill** (24 layers, hidden 2048, 16 heads, 4 KV heads, vocab 4096) at 16, 128, 512 and
+  2048 tokens, as 1 and as 4 requests: eager, ``prefill_runner.replay`` (the breakable graph of
+  the layer stack with attention as eager breaks, then the eager head) and a full CUDA graph of
+  ``model(batch)`` with attention inside, captured for that exact batch (valid for that shape
+  only: the lower bound a breakable graph is compared with). Targets: breakable >= 2x faster
+  than eager up to 128 tokens, and within 1.3x of the full graph from 512 tokens.
+
+Each batch is built once (``ModelRunner._batch``: KV slots allocated, the request-to-token table
+written) and run again and again, so every repetition writes the same KV slots and the cache
+does not grow. After a warmup (which also checks that the variants give the same logits), the
+variants run interleaved in a rotating order, one step per sample with the device synchronised
+before and after it (a step's latency as an engine sees it: host launch cost plus device time),
+and the medians are reported. Everything runs under ``torch.no_grad()`` (``inference_mode``
+would be the engines' choice, but the CPU fake mis-tracks ``Tensor.to`` copies made during a
+capture in inference mode).
+
+The GPU tests write ``bench_runners.json`` (device, torch version, date, the figures) under
+``$BENCH_REPORT_DIR`` (default ``reports``) and print a table. ``--benchmark-disable`` (CI smoke
+runs) takes a few samples and writes no report. ``test_bench_runners_smoke_cpu`` runs the same
+code on the CPU fake with a tiny model, so CI checks the benchmark code itself.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import fakes
+import impl
+from impl.models import ForwardBatch, ForwardMode, build_model, set_forward_context
+from impl.runners import ModelRunner
+
+DECODE_TARGET = 3.0  # eager / graph at batch 1, at least
+PREFILL_EAGER_TARGET = 2.0  # eager / breakable up to PREFILL_EAGER_TARGET_TOKENS, at least
+PREFILL_EAGER_TARGET_TOKENS = 128
+PREFILL_FULL_TARGET = 1.3  # breakable / full graph from PREFILL_FULL_TARGET_TOKENS, at most
+PREFILL_FULL_TARGET_TOKENS = 512
+MAX_REL_ERROR = 5e-2  # logits of two variants: max |a - b| / max |b|
+
+REPORT: dict[str, Any] = {}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    dtype: torch.dtype
+
+    def build(self, device: Any) -> Any:
+        return build_model(
+            "dense", num_layers=self.num_layers, hidden_size=self.hidden_size,
+            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+            vocab_size=self.vocab_size, device=device.device, dtype=self.dtype,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        info = asdict(self)
+        info["dtype"] = str(self.dtype).removeprefix("torch.")
+        return info
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Samples per variant: as many as ``seconds`` of the slowest-first estimate allow, at least
+    ``min_samples``, at most ``max_samples``."""
+
+    seconds: float
+    min_samples: int
+    max_samples: int
+
+
+DECODE_MODEL = ModelShape(8, 1024, 16, 4, 32000, torch.bfloat16)
+DECODE_BATCH_SIZES = (1, 8, 32)
+DECODE_PROMPT_LEN = 64
+DECODE_CONTEXT = 512  # decode attention attends max_context_len keys (masked) per request
+
+PREFILL_MODEL = ModelShape(24, 2048, 16, 4, 4096, torch.bfloat16)
+PREFILL_TOKENS = (16, 128, 512, 2048)
+PREFILL_REQUESTS = (1, 4)
+
+GPU_DECODE_BUDGET = Budget(seconds=3.0, min_samples=30, max_samples=400)
+GPU_PREFILL_BUDGET = Budget(seconds=3.5, min_samples=10, max_samples=200)
+SMOKE_BUDGET = Budget(seconds=0.0, min_samples=2, max_samples=2)
+
+TINY_MODEL = ModelShape(2, 32, 4, 2, 64, torch.float32)
+
+
+# -- measurement ---------------------------------------------------------------------------------
+
+
+def _sample(device: Any, fn: Callable[[], Any]) -> float:
+    """One step, microseconds, from an idle device to an idle device."""
+    device.synchronize()
+    start = time.perf_counter()
+    fn()
+    device.synchronize()
+    return (time.perf_counter() - start) * 1e6
+
+
+def _interleaved(device: Any, variants: dict[str, Callable[[], Any]], budget: Budget) -> dict:
+    """Median microseconds per step of each variant, sampled in a rotating order so that clock
+    ramps and drift hit every variant alike. The number of samples comes from one timed step of
+    each (after the caller's warmup) and ``budget``."""
+    names = list(variants)
+    estimate = sum(_sample(device, variants[name]) for name in names) / 1e6
+    wanted = int(budget.seconds / estimate) if estimate > 0 else budget.max_samples
+    samples = max(budget.min_samples, min(budget.max_samples, wanted))
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(samples):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            times[name].append(_sample(device, variants[name]))
+    return {"samples": samples, **{name: statistics.median(times[name]) for name in names}}
+
+
+def _check_close(name: str, got: torch.Tensor, expected: torch.Tensor) -> float:
+    """The relative error of ``got`` against ``expected`` (both logits), which must be small:
+    the variants of a benchmark must do the same work."""
+    got, expected = got.float().cpu(), expected.float().cpu()
+    assert got.shape == expected.shape, f"{name}: shape {tuple(got.shape)} != {expected.shape}"
+    assert torch.isfinite(got).all(), f"{name}: non-finite logits"
+    scale = float(expected.abs().max().clamp_min(1e-6))
+    error = float((got - expected).abs().max()) / scale
+    assert error <= MAX_REL_ERROR, f"{name}: logits differ from eager by {error:.3g} (relative)"
+    return error
+
+
+def _prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(1, vocab, (count, length), generator=gen).tolist()
+
+
+# -- decode ------------------------------------------------------------------------------------
+
+
+def run_decode(
+    device: Any, shape: ModelShape, batch_sizes: tuple[int, ...], *, prompt_len: int,
+    max_context_len: int, budget: Budget,
+) -> dict[str, Any]:
+    """Eager against the decode graph, per batch size (see the module docstring)."""
+    with torch.no_grad():
+        model = shape.build(device)
+        max_bs = max(batch_sizes)
+        runner = ModelRunner(
+            model, device=device, max_running_requests=max_bs,
+            max_total_tokens=max_bs * (prompt_len + 1), decode_cuda_graph=True,
+            capture_bs=list(batch_sizes), prefill="eager", max_context_len=max_context_len,
+        )
+        rows = []
+        for bs in batch_sizes:
+            requests = [
+                runner.new_request(p)
+                for p in _prompts(bs, prompt_len, shape.vocab_size, seed=bs)
+            ]
+            runner.extend(requests)  # eager prefill: the prompts' KV is cached
+            # One decode step's batch (one new KV slot per request), run again and again.
+            batch = runner._batch(ForwardMode.DECODE, requests, [[r.prompt[-1]] for r in requests])
+            variants = {
+                "eager": lambda b=batch: runner.forward_eager(b),
+                "graph": lambda b=batch: runner.decode_runner.replay(b),
+            }
+            expected = variants["eager"]()
+            error = _check_close(f"decode bs={bs}", variants["graph"](), expected)
+            for fn in variants.values():
+                fn()
+            timing = _interleaved(device, variants, budget)
+            rows.append({
+                "batch_size": bs,
+                "eager_us": timing["eager"],
+                "graph_us": timing["graph"],
+                "eager_over_graph": timing["eager"] / timing["graph"],
+                "samples": timing["samples"],
+                "max_rel_error": error,
+            })
+            for r in requests:
+                runner.release(r)
+        replays = runner.decode_runner.stats.replays
+    assert replays > 0, "the decode graph never replayed"
+    first = rows[0]
+    return {
+        "model": shape.describe(),
+        "prompt_len": prompt_len,
+        "max_context_len": max_context_len,
+        "results": rows,
+        "target": f"eager/graph >= {DECODE_TARGET} at batch {first['batch_size']}",
+        "meets_target": first["eager_over_graph"] >= DECODE_TARGET,
+    }
+
+
+# -- prefill -----------------------------------------------------------------------------------
+
+
+def _capture_full_graph(
+    device: Any, runner: ModelRunner, batch: ForwardBatch, stream: Any
+) -> tuple[Any, torch.Tensor]:
+    """A device graph of the whole step for this exact batch: the in-graph metadata half and
+    ``model(batch)``, attention included (valid for this batch's shape only). Warmed up on the
+    side stream it is captured on, from a private pool."""
+    backend = runner.attn_backend
+
+    def step() -> torch.Tensor:
+        backend.init_forward_metadata_in_graph(batch)
+        return runner.model(batch)
+
+    with set_forward_context(batch):
+        backend.init_forward_metadata_out_graph(batch)
+        stream.wait_stream(device.current_stream())
+        with device.stream(stream):
+            for _ in range(2):
+                step()
+        device.current_stream().wait_stream(stream)
+        graph = device.CUDAGraph()
+        with device.graph(graph, stream=stream):
+            logits = step()
+    return graph, logits
+
+
+def run_prefill(
+    device: Any, shape: ModelShape, token_counts: tuple[int, ...],
+    request_counts: tuple[int, ...], *, budget: Budget,
+) -> dict[str, Any]:
+    """Eager against breakable replay against a full graph, per (tokens, requests)."""
+    most = max(token_counts)
+    with torch.no_grad():
+        model = shape.build(device)
+        runner = ModelRunner(
+            model, device=device, max_running_requests=max(request_counts),
+            max_total_tokens=most, decode_cuda_graph=False, prefill="breakable",
+            capture_num_tokens=list(token_counts), max_context_len=most,
+        )
+        stream = device.Stream()
+        rows = []
+        for tokens in token_counts:
+            for n in request_counts:
+                if tokens % n:
+                    continue
+                requests = [
+                    runner.new_request(p)
+                    for p in _prompts(n, tokens // n, shape.vocab_size, seed=tokens + n)
+                ]
+                batch = runner._batch(ForwardMode.EXTEND, requests, [r.prompt for r in requests])
+                graph, full_logits = _capture_full_graph(device, runner, batch, stream)
+                variants = {
+                    "eager": lambda b=batch: runner.forward_eager(b),
+                    "breakable": lambda b=batch: runner.prefill_runner.replay(b),
+                    "full_graph": graph.replay,
+                }
+                expected = variants["eager"]()
+                errors = [_check_close(f"prefill {tokens}x{n} breakable",
+                                       variants["breakable"](), expected)]
+                variants["full_graph"]()
+                errors.append(_check_close(f"prefill {tokens}x{n} full graph",
+                                           full_logits, expected))
+                for fn in variants.values():
+                    fn()
+                timing = _interleaved(device, variants, budget)
+                rows.append({
+                    "tokens": tokens,
+                    "requests": n,
+                    "eager_us": timing["eager"],
+                    "breakable_us": timing["breakable"],
+                    "full_graph_us": timing["full_graph"],
+                    "eager_over_breakable": timing["eager"] / timing["breakable"],
+                    "breakable_over_full_graph": timing["breakable"] / timing["full_graph"],
+                    "samples": timing["samples"],
+                    "max_rel_error": max(errors),
+                })
+                del graph, full_logits, variants
+                for r in requests:
+                    runner.release(r)
+        replays = runner.prefill_runner.stats.replays
+    assert replays > 0, "the breakable prefill graph never replayed"
+    small = [r for r in rows if r["tokens"] <= PREFILL_EAGER_TARGET_TOKENS]
+    large = [r for r in rows if r["tokens"] >= PREFILL_FULL_TARGET_TOKENS]
+    return {
+        "model": shape.describe(),
+        "results": rows,
+        "targets": [
+            f"eager/breakable >= {PREFILL_EAGER_TARGET} up to {PREFILL_EAGER_TARGET_TOKENS} "
+            "tokens",
+            f"breakable/full_graph <= {PREFILL_FULL_TARGET} from {PREFILL_FULL_TARGET_TOKENS} "
+            "tokens",
+        ],
+        "meets_eager_target": all(
+            r["eager_over_breakable"] >= PREFILL_EAGER_TARGET for r in small
+        ),
+        "meets_full_graph_target": all(
+            r["breakable_over_full_graph"] <= PREFILL_FULL_TARGET for r in large
+        ),
+    }
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+def _device_name(device: Any) -> str:
+    if isinstance(device, impl.CudaDevice):
+        return torch.cuda.get_device_name(device.device)
+    return repr(device)
+
+
+def format_table(report: dict[str, Any]) -> str:
+    lines = [f"bench_runners on {report['device']} (torch {report['torch']}, {report['date']})"]
+    if "decode" in report:
+        lines.append(f"decode   {'bs':>5} {'eager us':>10} {'graph us':>10} {'eager/graph':>12}")
+        for r in report["decode"]["results"]:
+            lines.append(f"         {r['batch_size']:>5} {r['eager_us']:>10.1f} "
+                         f"{r['graph_us']:>10.1f} {r['eager_over_graph']:>12.2f}")
+    if "prefill" in report:
+        lines.append(f"prefill  {'tokens':>6} {'reqs':>4} {'eager us':>10} {'brk us':>10} "
+                     f"{'full us':>10} {'eager/brk':>9} {'brk/full':>8}")
+        for r in report["prefill"]["results"]:
+            lines.append(
+                f"         {r['tokens']:>6} {r['requests']:>4} {r['eager_us']:>10.1f} "
+                f"{r['breakable_us']:>10.1f} {r['full_graph_us']:>10.1f} "
+                f"{r['eager_over_breakable']:>9.2f} {r['breakable_over_full_graph']:>8.2f}"
+            )
+    return "\n".join(lines)
+
+
+def write_report(out_dir: Path, device: Any, sections: dict[str, Any]) -> dict[str, Any]:
+    """``sections`` added to this session's report, written to ``out_dir/bench_runners.json``;
+    the table is printed."""
+    REPORT.update(sections)
+    report = {
+        "device": _device_name(device),
+        "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **REPORT,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench_runners.json").write_text(json.dumps(report, indent=2))
+    print("\n" + format_table(report))
+    return report
+
+
+def _report_dir() -> Path:
+    return Path(os.environ.get("BENCH_REPORT_DIR", "reports"))
+
+
+# -- tests -------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_bench_runners_decode(benchmark) -> None:
+    device = impl.CudaDevice()
+    smoke = getattr(benchmark, "disabled", False)  # --benchmark-disable: a short run, no report
+    budget = SMOKE_BUDGET if smoke else GPU_DECODE_BUDGET
+    benchmark.group = "runners-decode"
+    result = benchmark.pedantic(
+        run_decode, args=(device, DECODE_MODEL, DECODE_BATCH_SIZES),
+        kwargs={"prompt_len": DECODE_PROMPT_LEN, "max_context_len": DECODE_CONTEXT,
+                "budget": budget},
+        rounds=1, iterations=1,
+    )
+    if smoke:
+        return
+    benchmark.extra_info.update(result)
+    write_report(_report_dir(), device, {"decode": result})
+
+
+@pytest.mark.gpu
+def test_bench_runners_prefill(benchmark) -> None:
+    device = impl.CudaDevice()
+    smoke = getattr(benchmark, "disabled", False)
+    budget = SMOKE_BUDGET if smoke else GPU_PREFILL_BUDGET
+    benchmark.group = "runners-prefill"
+    result = benchmark.pedantic(
+        run_prefill, args=(device, PREFILL_MODEL, PREFILL_TOKENS, PREFILL_REQUESTS),
+        kwargs={"budget": budget}, rounds=1, iterations=1,
+    )
+    if smoke:
+        return
+    benchmark.extra_info.update(result)
+    write_report(_report_dir(), device, {"prefill": result})
+    torch.cuda.empty_cache()
+
+
+def test_bench_runners_smoke_cpu(benchmark, tmp_path: Path) -> None:
+    """The same code on the CPU fake, a tiny model and one size each: the benchmark runs."""
+    device = fakes.FakeDevice()
+
+    def both() -> dict[str, Any]:
+        return {
+            "decode": run_decode(device, TINY_MODEL, (2,), prompt_len=4, max_context_len=16,
+                                 budget=SMOKE_BUDGET),
+            "prefill": run_prefill(device, TINY_MODEL, (8,), (2,), budget=SMOKE_BUDGET),
+        }
+
+    benchmark.group = "runners-smoke-cpu"
+    sections = benchmark.pedantic(both, rounds=1, iterations=1)
+    saved = dict(REPORT)
+    try:
+        report = write_report(tmp_path, device, sections)
+    finally:
+        REPORT.clear()
+        REPORT.update(saved)
+    written = json.loads((tmp_path / "bench_runners.json").read_text())
+    assert written["decode"]["results"][0]["batch_size"] == 2
+    assert [(r["tokens"], r["requests"]) for r in written["prefill"]["results"]] == [(8, 2)]
+    for row in report["decode"]["results"] + report["prefill"]["results"]:
+        assert all(v > 0 for k, v in row.items() if k.endswith("_us")), row
