@@ -581,11 +581,6 @@ def test_generate_rejects_bad_arguments(
         runner.generate(prompts, max_new_tokens)
 
 
-@pytest.mark.xfail(
-    strict=True, raises=RuntimeError,
-    reason="generate() checks token ids only when a request joins: the rows (and KV) of the "
-    "requests that joined before the bad prompt are never released",
-)
 def test_generate_rejecting_a_prompt_leaks_nothing(dev: fakes.FakeDevice) -> None:
     runner = ModelRunner(_model(dev, "dense", num_layers=2), device=dev,
                          decode_cuda_graph=False, **_RUNNER)

@@ -195,15 +195,18 @@ class ModelRunner:
 
     # -- requests and batches ------------------------------------------------------------------
 
-    def new_request(self, prompt: Sequence[int]) -> Request:
-        """A request for ``prompt`` with its own row (no KV yet: :meth:`extend` caches it)."""
-        prompt = [int(t) for t in prompt]
-        if not prompt:
+    def _check_prompt(self, prompt: Sequence[int]) -> list[int]:
+        tokens = [int(t) for t in prompt]
+        if not tokens:
             raise ValueError("prompt must hold at least one token")
         vocab = self.model.config.vocab_size
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab}), got {prompt}")
-        return Request(prompt, self.kv_cache.alloc_request())
+        if min(tokens) < 0 or max(tokens) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab}), got {tokens}")
+        return tokens
+
+    def new_request(self, prompt: Sequence[int]) -> Request:
+        """A request for ``prompt`` with its own row (no KV yet: :meth:`extend` caches it)."""
+        return Request(self._check_prompt(prompt), self.kv_cache.alloc_request())
 
     def release(self, request: Request) -> None:
         """Free a finished request's KV slots and row."""
@@ -311,6 +314,7 @@ class ModelRunner:
         if any(isinstance(m, bool) or not isinstance(m, int) or m <= 0 for m in limits):
             raise ValueError(f"max_new_tokens must be positive ints, got {max_new_tokens!r}")
         for i, (p, m) in enumerate(zip(prompts, limits, strict=True)):
+            self._check_prompt(p)  # every prompt before any request is admitted
             if len(p) + m > self.max_context_len:
                 raise ValueError(f"prompt {i}: {len(p)} tokens + {m} new exceed max_context_len "
                                  f"{self.max_context_len}")

@@ -155,6 +155,8 @@ class BreakableCudaGraphRunner:
             extend_seq_lens=one, extend_prefix_lens=zero, extend_start_loc=zero,
             extend_seq_lens_cpu=[tokens], extend_prefix_lens_cpu=[0], extend_start_loc_cpu=[0],
             attn_backend=runner.attn_backend, kv_cache=runner.kv_cache,
+            # A non-None field makes extract_buffer expose the slot's view.
+            hidden_states=empty if self.registry.has_slot("hidden_states") else None,
         )
         return self.registry.extract_buffer(
             padded_bs=1, padded_num_tokens=tokens, forward_batch_template=template
