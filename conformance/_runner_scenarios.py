@@ -108,6 +108,9 @@ def run_steps(runner: impl.ModelRunner, steps: Sequence[tuple[str, Sequence[int]
             logits = runner.extend([requests[i] for i in ids])
         else:
             logits = runner.decode([requests[i] for i in ids])
+        assert logits.shape[0] == len(ids), (
+            f"{kind} of {len(ids)} requests returned {logits.shape[0]} rows of logits"
+        )
         for i, row in zip(ids, logits.float().cpu(), strict=True):
             requests[i].output_ids.append(int(row.argmax()))
         out.append(logits.float().cpu())

@@ -34,7 +34,7 @@ def _detected(run: Any, expected: list[torch.Tensor]) -> str | None:
     """Why ``run()`` differs from ``expected`` (a mismatch or a graph error), or ``None``."""
     try:
         actual = run()
-    except spec.GraphError as error:
+    except (spec.GraphError, AssertionError) as error:
         return f"{type(error).__name__}: {error}"
     for step, (a, e) in enumerate(zip(actual, expected, strict=True)):
         try:

@@ -28,7 +28,7 @@ from ._breakable_state import ACTIVE_CAPTURE, ENABLED, IN_BREAK_BODY, REPLAY
 from ._graph_break import GraphBreak
 from ._stream_tracking import ForkTracker, track_forks
 
-__all__ = ["BreakableCUDAGraphCapture"]
+__all__ = ["BreakableCUDAGraphCapture", "default_capture_stream"]
 
 
 # Default capture streams, one per device object: captures that share a pool must share the
@@ -36,7 +36,10 @@ __all__ = ["BreakableCUDAGraphCapture"]
 _SIDE_STREAMS: weakref.WeakKeyDictionary[Any, StreamLike] = weakref.WeakKeyDictionary()
 
 
-def _side_stream(device: DeviceModule) -> StreamLike:
+def default_capture_stream(device: DeviceModule) -> StreamLike:
+    """The side stream captures on ``device`` use unless given one: one per device (on CUDA one
+    per GPU, shared by every ``CudaDevice()``), never the default stream. Captures that share a
+    pool must share this stream too."""
     own = getattr(device, "_side_stream", None)
     if own is not None:  # CudaDevice: one per GPU, shared by every CudaDevice() instance
         return own()
@@ -133,7 +136,7 @@ class BreakableCUDAGraphCapture:
         # invalidate the capture in progress (CAP-4).
         if ACTIVE_CAPTURE.get() is not None or device.is_current_stream_capturing():
             raise NestedCapture()
-        stream = self.stream if self.stream is not None else _side_stream(device)
+        stream = self.stream if self.stream is not None else default_capture_stream(device)
         pool = self.pool if self.pool is not None else device.graph_pool_handle()
         self.stream, self.pool = stream, pool
         # The eager break bodies run on the capture stream and read inputs that may have been

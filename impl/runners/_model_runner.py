@@ -12,6 +12,7 @@ import torch
 
 from spec import DeviceModule
 
+from ..breakable import default_capture_stream
 from ..models import (
     CausalLM,
     ForwardBatch,
@@ -123,7 +124,7 @@ class ModelRunner:
         # One pool and one capture stream for every graph of this runner: captures that share
         # a pool must share the stream (the caching allocator keeps free blocks per stream).
         self.graph_pool = device.graph_pool_handle()
-        self.capture_stream = device.Stream()
+        self.capture_stream = default_capture_stream(device)
         self._eager_runs = 0
         self.decode_runner: Any = None
         self.prefill_runner: Any = None

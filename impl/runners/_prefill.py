@@ -89,6 +89,7 @@ class BreakableCudaGraphRunner:
         self.graphs: dict[int, BreakableCUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self._counter = StatsCounter()
+        self._placeholders: dict[int, ForwardBatch] = {}
         self.registry = self._build_registry()
         if self.layer_stack is not None:
             self.capture()
@@ -181,6 +182,10 @@ class BreakableCudaGraphRunner:
             with BreakableCUDAGraphCapture(graph, pool=self.pool, stream=self.stream):
                 output = self._captured_forward(batch)
         self.graphs[tokens], self.outputs[tokens] = graph, output
+        # The placeholder's own tensors (request-axis fields) are read by nothing the graph
+        # records; kept with the graph anyway, so a capture that strays outside the layer stack
+        # reads stale placeholder values, never freed memory.
+        self._placeholders[tokens] = batch
         self._counter.captures += 1
 
     # -- the gate and replay -------------------------------------------------------------------
