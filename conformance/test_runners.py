@@ -19,6 +19,17 @@ from ._runner_scenarios import KINDS, expect_close, make_model, make_runner, opt
 _RUNNERS: dict[tuple[int, str, str], impl.ModelRunner] = {}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _drop_cached_runners() -> Any:
+    """The cached runners hold graphs and pools: drop them when the module ends, so later
+    modules' leak checks (``FAKE-6``) start from a clean device."""
+    yield
+    _RUNNERS.clear()
+    import gc
+
+    gc.collect()
+
+
 def _cached(device: Any, kind: str, role: str, runner_api: Any) -> impl.ModelRunner:
     """One eager and one graph runner per device and kind, reused by every example (requests
     come and go on the same runner, as in an engine)."""

@@ -154,7 +154,7 @@ def build_model(
     dtype: torch.dtype = torch.float32,
 ) -> CausalLM:
     """A seeded, randomly initialised reference model of ``kind`` (see :data:`ModelKind`), in
-    eval mode, without gradients, on ``device`` (a torch device: ``device_module.device``). No downloads.
+    eval mode on ``device`` (a torch device: ``device_module.device``). No downloads.
 
     ``head_dim`` defaults to ``hidden_size // num_heads``, ``intermediate_size`` to twice the
     hidden size; ``hybrid_swa`` needs ``sliding_window``. ``long_rope_threshold`` turns on the
@@ -201,6 +201,4 @@ def build_model(
                     param.normal_(0.0, 1.0 / (param.shape[-1] ** 0.5))
     finally:
         torch.random.set_rng_state(generator_state)
-    # An inference model: no parameter needs a gradient, so eager runs build no autograd graph
-    # and captures keep no activations for a backward pass.
-    return model.requires_grad_(False).to(device=device, dtype=dtype).eval()
+    return model.to(device=device, dtype=dtype).eval()
