@@ -299,14 +299,7 @@ class AllocatingMetadataModelRunner(impl.ModelRunner):
     """Mutant (with a replay-prep decode runner): the in-graph half allocates new metadata
     tensors per call (``RUN-6``)."""
 
-    def _make_attention_backend(self) -> impl.TorchAttentionBackend:
-        config = self.model.config
-        return _AllocatingBackend(
-            self.kv_cache, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
-            head_dim=config.head_dim, sliding_window=config.sliding_window,
-            max_bs=self.max_running_requests, max_num_tokens=self.max_total_tokens,
-            compressor=config.compressor,
-        )
+    attention_backend_cls = _AllocatingBackend
 
 
 class LogitsInGraphPrefillRunner(impl.BreakableCudaGraphRunner):
@@ -352,15 +345,11 @@ class LazyUpgradeModelRunner(impl.ModelRunner):
     """Mutant (with :class:`OutOfGraphHalfOnlyPrefillRunner`): metadata upgraded lazily by the
     first attention call on a side stream, after ops that read it already ran (``RUN-8``)."""
 
+    attention_backend_cls = _LazyUpgradeBackend
+
     def _make_attention_backend(self) -> impl.TorchAttentionBackend:
-        config = self.model.config
-        backend = _LazyUpgradeBackend(
-            self.kv_cache, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
-            head_dim=config.head_dim, sliding_window=config.sliding_window,
-            max_bs=self.max_running_requests, max_num_tokens=self.max_total_tokens,
-            compressor=config.compressor,
-        )
-        backend.device_module = self.device
+        backend = super()._make_attention_backend()
+        backend.device_module = self.device  # type: ignore[attr-defined]
         return backend
 
 

@@ -14,7 +14,14 @@ from torch import nn
 
 import impl
 
-from ._runner_scenarios import KINDS, expect_close, make_model, make_runner, optional_runner
+from ._runner_scenarios import (
+    KINDS,
+    expect_close,
+    make_model,
+    make_runner,
+    optional_runner,
+    run_steps,
+)
 
 _RUNNERS: dict[tuple[int, str, str], impl.ModelRunner] = {}
 
@@ -78,8 +85,6 @@ def test_every_decode_size_and_the_sizes_between(device, runner_api, kind) -> No
     prompts = [[(7 * i + j) % 64 for j in range(1 + i % 4)] for i in range(8)]
     steps: list[tuple[str, list[int]]] = [("extend", list(range(8)))]
     steps += [("decode", list(range(n))) for n in (8, 7, 6, 5, 4, 3, 2, 1, 8)]
-    from ._runner_scenarios import run_steps
-
     for step, (a, e) in enumerate(zip(run_steps(graphs, steps, prompts),
                                       run_steps(eager, steps, prompts), strict=True)):
         expect_close(a, e, f"{kind}, step {step} ({steps[step][0]} of {len(steps[step][1])})")

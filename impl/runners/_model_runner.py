@@ -157,9 +157,12 @@ class ModelRunner:
             return HybridSWAKVCache(swa_size=swa, sliding_window=config.sliding_window, **common)
         return KVCache(**common)
 
+    attention_backend_cls: type[TorchAttentionBackend] = TorchAttentionBackend
+    """The backend class :meth:`_make_attention_backend` builds (a mutant may swap it)."""
+
     def _make_attention_backend(self) -> TorchAttentionBackend:
         config = self.model.config
-        return TorchAttentionBackend(
+        return self.attention_backend_cls(
             self.kv_cache, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
             head_dim=config.head_dim, sliding_window=config.sliding_window,
             max_bs=self.max_running_requests, max_num_tokens=self.max_total_tokens,
