@@ -4,6 +4,7 @@ outlive the graph, replay needs a complete capture, and the device's introspecti
 from __future__ import annotations
 
 import gc
+import weakref
 
 import pytest
 import torch
@@ -117,3 +118,32 @@ def test_capture_status_of_forked_side_stream(device) -> None:
     assert seen == expected, f"capture status {seen}, expected {expected}"
     graph.replay()
     assert _host(x) == [2.0] * 4, f"side-stream work replayed to {_host(x)}, expected 2s"
+
+
+class _Holder:
+    """A reference cycle holding a captured graph: only the cyclic collector can free it."""
+
+    def __init__(self, graph: object) -> None:
+        self.graph = graph
+        self.me = self
+
+
+@pytest.mark.clause("CUDA-4")
+def test_a_graph_collected_during_a_capture_does_not_disturb_it(device) -> None:
+    x = torch.ones(8, device=device.device)
+    doomed = device.CUDAGraph()
+    with device.graph(doomed):
+        x.add_(5)
+    alive = weakref.ref(doomed)
+    _Holder(doomed)
+    del doomed
+    y = torch.ones(8, device=device.device)
+    graph = device.CUDAGraph()
+    with device.graph(graph):
+        y.mul_(3)
+        gc.collect()  # collects the cycle, and the graph in it, in the middle of this capture
+        y.add_(1)
+    gc.collect()
+    assert alive() is None, "the collected graph is still alive after the capture ended"
+    graph.replay()
+    assert _host(y) == [4.0] * 8, f"replay after a graph died mid-capture gave {_host(y)}"

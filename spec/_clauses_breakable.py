@@ -55,5 +55,11 @@ define(
             CaptureError whose __cause__ is the backend's original error."""),
         ("CUDA-3", """graph_node_count(graph) of a graph captured with keep_graph=True counts its
             recorded work items: one per elementwise in-place op."""),
+        ("CUDA-4", """A graph that dies while another capture is active (its last reference
+            dropped, or a garbage collection run inside the capture collecting a cycle that
+            holds it) does not disturb that capture: the capture ends, and replays, as if the
+            graph had died before it. Core: on CUDA, destroying a graph during a global-mode
+            capture invalidates the capture, and Python's collector runs at arbitrary
+            allocations."""),
     ],
 )

@@ -17,6 +17,18 @@ answers too little or fails in a way that leaves the process unusable:
   progress turns into an invalidated capture). After a failed ``capture_end`` the caching
   allocator is told that the capture is over and the pool reference it took is dropped, so the
   process keeps allocating normally.
+- **No graph dies during a capture** (``CUDA-4``). Destroying a CUDA graph while a global-mode
+  capture is active invalidates that capture: CUDA reports it at the next launch
+  (``cudaErrorStreamCaptureInvalidated``, often as ``CUBLAS_STATUS_EXECUTION_FAILED`` in a
+  GEMM), so the failure lands in an innocent capture. Python's cyclic garbage collector runs at
+  arbitrary allocations and may collect a dead runner's graphs at exactly that moment. While a
+  capture is active, automatic collection is paused (``gc.disable()``, restored when it ends) and
+  a graph whose last reference is dropped is kept until the capture ends.
+
+  .. warning::
+      Pausing the collector is process-wide, as is CUDA's global capture mode that makes it
+      necessary: it lasts from ``capture_begin`` to ``capture_end`` of each capture (each
+      segment of a breakable graph), and a collector the caller had disabled stays disabled.
 
 Importing this module needs neither CUDA nor ``cuda-python``: both are looked up when used.
 """
@@ -25,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -181,6 +194,52 @@ def _capture_in_progress() -> bool:
     return bool(torch.cuda.is_current_stream_capturing())
 
 
+class _CaptureQuiet:
+    """Keeps graph destruction out of an active capture (``CUDA-4``; see the module docstring).
+
+    Process-wide because CUDA's global capture mode is: one capture at a time per process
+    (``CAP-4``), so one pause and one list of graphs waiting to be destroyed.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._gc_was_enabled = False
+        self._deferred: list[Any] = []
+
+    def begin(self) -> None:
+        with self._lock:
+            if self._depth == 0:
+                self._gc_was_enabled = gc.isenabled()
+                gc.disable()
+            self._depth += 1
+
+    def end(self) -> None:
+        with self._lock:
+            self._depth = max(self._depth - 1, 0)
+            if self._depth:
+                return
+            if self._gc_was_enabled:
+                gc.enable()
+            deferred, self._deferred = self._deferred, []
+        # Outside the lock and after the capture: torch's finalizer now (a resurrected object's
+        # __del__ never runs again), then the last reference goes and CUDA destroys the graph.
+        for graph in deferred:
+            graph._finalize()
+        del deferred
+
+    def defer(self, graph: Any) -> bool:
+        """Keep ``graph`` alive until the capture ends; ``False`` when none is active."""
+        with self._lock:
+            if not self._depth:
+                return False
+            self._deferred.append(graph)
+            return True
+
+
+_QUIET: Final = _CaptureQuiet()
+
+
 def _release_failed_capture(device_index: int, pool: PoolHandle) -> None:
     """Undo what torch's ``capture_begin`` did to the caching allocator when ``capture_end``
     failed before torch could: stop routing allocations to the pool, then drop the reference
@@ -254,6 +313,7 @@ class _CudaGraph(torch.cuda.CUDAGraph):
         self._capture_stream = stream
         with _ACTIVE_LOCK:
             _ACTIVE.add(self)
+        _QUIET.begin()
 
     def capture_end(self) -> None:
         stream = self._capture_stream
@@ -271,6 +331,7 @@ class _CudaGraph(torch.cuda.CUDAGraph):
             with _ACTIVE_LOCK:
                 _ACTIVE.discard(self)
             self._capture_stream = None
+            _QUIET.end()
         self._ready = True
 
     def _abandon_capture(self) -> None:
@@ -296,9 +357,16 @@ class _CudaGraph(torch.cuda.CUDAGraph):
         return super().pool()
 
     def __del__(self) -> None:
-        # Never raise under GC; a graph dropped mid-capture leaves the active set via the WeakSet.
-        with contextlib.suppress(Exception):
-            super().__del__()
+        # Resurrected until the active capture ends (CUDA-4); finalizers run once (PEP 442), so
+        # the deferred drop destroys it for good. Never raise under GC.
+        if not _QUIET.defer(self):
+            self._finalize()
+
+    def _finalize(self) -> None:
+        finalizer = getattr(super(), "__del__", None)
+        if finalizer is not None:
+            with contextlib.suppress(Exception):
+                finalizer()
 
 
 # ---------------------------------------------------------------------------------------------

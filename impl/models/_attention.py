@@ -15,8 +15,9 @@ raw metadata raises :class:`spec.MetadataNotUpgraded`, never stale data.
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -25,11 +26,27 @@ from spec import MetadataNotUpgraded
 from ._batch import ForwardBatch, ForwardMode
 from ._kv_cache import KVCache
 
-__all__ = ["AttentionMetadata", "TorchAttentionBackend"]
+__all__ = ["AttentionMetadata", "ExtendAttention", "TorchAttentionBackend"]
 
 _FULL_FIELDS = frozenset(
     ("kv_indices", "kv_valid", "swa_kv_indices", "swa_valid", "compress_weight")
 )
+
+ExtendAttention = Literal["auto", "flash", "torch"]
+"""How extend (prefill) attention runs: ``"flash"``, one varlen FlashAttention call per layer
+over all requests (CUDA, fp16/bf16, head_dim a multiple of 8 up to 256); ``"torch"``, a loop
+over requests in plain torch, in fp32 (any device: the reference); ``"auto"``, flash where it
+applies, else torch."""
+
+
+@functools.cache
+def _flash_varlen() -> tuple[Any, bool] | None:
+    """``aten._flash_attention_forward`` and whether it takes a sliding window, or ``None``."""
+    op = getattr(torch.ops.aten, "_flash_attention_forward", None)
+    if op is None:
+        return None
+    names = {arg.name for arg in op.default._schema.arguments}
+    return op.default, {"window_size_left", "window_size_right"} <= names
 
 
 class AttentionMetadata:
@@ -38,12 +55,19 @@ class AttentionMetadata:
 
     Raw fields (host values): ``forward_mode``, ``batch_size``, ``num_tokens``, and for extend
     steps ``extend_seq_lens``, ``extend_prefix_lens``, ``extend_start_loc`` and ``seq_lens``
-    (host lists). Full fields (device views of the backend's buffers): ``kv_indices``
+    (host lists) with their device forms for varlen attention: ``cu_seqlens_q`` and
+    ``cu_seqlens_k`` (int32 ``[bs + 1]`` prefix sums of new tokens and of whole lengths),
+    ``max_seqlen_q`` / ``max_seqlen_k`` (ints) and ``extend_kv_gather`` (int32: for each request
+    in order, its row of ``kv_indices`` flattened, columns ``0 .. seq_len - 1``). Full fields
+    (device views of the backend's buffers): ``kv_indices``
     (``[bs, max_context_len]`` full-pool slots of each request's tokens), ``kv_valid`` (which of
     them are within the request's length), ``swa_kv_indices`` / ``swa_valid`` (the same in the
     sliding-window pool, within the window; ``None`` without SWA layers) and
     ``compress_weight`` (``[T]``, the compressor-like pre-attention op's per-token weights;
     ``None`` unless the backend has a compressor).
+
+    :meth:`extend_key_locs` derives, from the full fields, the slot of every key of every
+    request packed in request order (what varlen attention reads), once per step and pool.
     """
 
     def __init__(
@@ -64,7 +88,12 @@ class AttentionMetadata:
         self.extend_seq_lens = extend_seq_lens
         self.extend_prefix_lens = extend_prefix_lens
         self.extend_start_loc = extend_start_loc
+        self.cu_seqlens_q: torch.Tensor | None = None
+        self.cu_seqlens_k: torch.Tensor | None = None
+        self.extend_kv_gather: torch.Tensor | None = None
+        self.max_seqlen_q = self.max_seqlen_k = 0
         self._full: dict[str, Any] | None = None
+        self._key_locs: dict[bool, torch.Tensor] = {}
 
     @property
     def is_full(self) -> bool:
@@ -76,6 +105,24 @@ class AttentionMetadata:
         if unknown:
             raise ValueError(f"not full metadata fields: {sorted(unknown)}")
         self._full = fields
+
+    def extend_key_locs(self, swa_mapping: torch.Tensor | None = None) -> torch.Tensor:
+        """The cache slot of every key of every request of an extend step, packed in request
+        order (``cu_seqlens_k`` delimits the requests): full-pool slots, or SWA-pool slots
+        through ``swa_mapping`` (the full-to-SWA index map). Gathered from ``kv_indices``, so
+        raw metadata raises :class:`spec.MetadataNotUpgraded`; computed once per step and pool.
+        A new tensor each step: this is eager (break) work, never recorded in a reusable graph.
+        """
+        swa = swa_mapping is not None
+        locs = self._key_locs.get(swa)
+        if locs is None:
+            if self.extend_kv_gather is None:
+                raise RuntimeError(f"extend_key_locs needs extend metadata, got {self!r}")
+            locs = self.kv_indices.reshape(-1).index_select(0, self.extend_kv_gather)
+            if swa_mapping is not None:
+                locs = swa_mapping.index_select(0, locs)
+            self._key_locs[swa] = locs
+        return locs
 
     def __getattr__(self, name: str) -> Any:
         if name in _FULL_FIELDS:
@@ -103,10 +150,14 @@ class TorchAttentionBackend:
         max_bs: most requests in one step; ``max_num_tokens``: most tokens in one step.
         compressor: whether the in-graph half also builds ``compress_weight`` (the DeepSeek-V4
             pattern's pre-attention op reads it).
+        extend_attention: how extend steps attend (see :data:`ExtendAttention`); an attribute,
+            so a test can switch an existing backend.
 
     Decode attention has static shapes (every request attends ``max_context_len`` keys,
     masked), so it is recorded inside a full graph; extend attention has shapes that change
-    every step, so it runs eagerly (a break of a breakable graph).
+    every step, so it runs eagerly (a break of a breakable graph): by default one varlen
+    FlashAttention call per layer where it applies (its launches do not grow with the number of
+    requests), else a loop over requests in fp32.
     """
 
     def __init__(
@@ -120,7 +171,12 @@ class TorchAttentionBackend:
         max_bs: int,
         max_num_tokens: int,
         compressor: bool = False,
+        extend_attention: ExtendAttention = "auto",
     ) -> None:
+        if extend_attention not in ("auto", "flash", "torch"):
+            raise ValueError(
+                f"extend_attention must be 'auto', 'flash' or 'torch', got {extend_attention!r}"
+            )
         if num_heads % num_kv_heads:
             raise ValueError(
                 f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
@@ -129,6 +185,7 @@ class TorchAttentionBackend:
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.sliding_window = sliding_window
         self.compressor = compressor
+        self.extend_attention: ExtendAttention = extend_attention
         self.scale = 1.0 / math.sqrt(head_dim)
         self.forward_metadata: AttentionMetadata | None = None
         device, ctx = kv_cache.device, kv_cache.max_context_len
@@ -154,16 +211,35 @@ class TorchAttentionBackend:
         """Host preparation: a new *raw* :attr:`forward_metadata` from the batch's host values.
         Reads no device data; never called inside a graph."""
         mode = batch.forward_mode
-        if mode.is_extend():
-            self.forward_metadata = AttentionMetadata(
-                mode, batch.batch_size, batch.num_tokens,
-                seq_lens=[int(x) for x in batch.seq_lens_cpu.tolist()],
-                extend_seq_lens=list(batch.extend_seq_lens_cpu or ()),
-                extend_prefix_lens=list(batch.extend_prefix_lens_cpu or ()),
-                extend_start_loc=list(batch.extend_start_loc_cpu or ()),
-            )
-        else:
+        if not mode.is_extend():
             self.forward_metadata = AttentionMetadata(mode, batch.batch_size, batch.num_tokens)
+            return
+        meta = AttentionMetadata(
+            mode, batch.batch_size, batch.num_tokens,
+            seq_lens=[int(x) for x in batch.seq_lens_cpu.tolist()],
+            extend_seq_lens=list(batch.extend_seq_lens_cpu or ()),
+            extend_prefix_lens=list(batch.extend_prefix_lens_cpu or ()),
+            extend_start_loc=list(batch.extend_start_loc_cpu or ()),
+        )
+        lengths = [p + n for p, n in zip(meta.extend_prefix_lens, meta.extend_seq_lens,
+                                         strict=True)]
+        bs, width = len(lengths), self._kv_indices.shape[1]
+        host = torch.empty(2 * (bs + 1) + sum(lengths), dtype=torch.int32)
+        host[0] = host[bs + 1] = 0
+        torch.cumsum(torch.tensor(meta.extend_seq_lens, dtype=torch.int32), 0,
+                     out=host[1 : bs + 1])
+        torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0, out=host[bs + 2 : 2 * bs + 2])
+        at = 2 * bs + 2
+        for row, length in enumerate(lengths):
+            torch.arange(row * width, row * width + length, out=host[at : at + length])
+            at += length
+        # One host-to-device copy per step for everything varlen attention needs.
+        packed = host.to(self.kv_cache.device)
+        meta.cu_seqlens_q, meta.cu_seqlens_k = packed[: bs + 1], packed[bs + 1 : 2 * bs + 2]
+        meta.extend_kv_gather = packed[2 * bs + 2 :]
+        meta.max_seqlen_q = max(meta.extend_seq_lens, default=0)
+        meta.max_seqlen_k = max(lengths, default=0)
+        self.forward_metadata = meta
 
     def init_forward_metadata_in_graph(self, batch: ForwardBatch) -> None:
         """Device preparation with static shapes, recordable inside a graph: upgrades
@@ -253,7 +329,51 @@ class TorchAttentionBackend:
         v = v_buf.index_select(0, flat).view(bs, length, self.num_kv_heads, self.head_dim)
         return self._attend(q, k, v, valid)
 
+    def _flash_applies(self, q: torch.Tensor, swa: bool) -> bool:
+        if self.extend_attention == "torch":
+            return False
+        found = _flash_varlen()
+        applies = (
+            found is not None
+            and (found[1] or not swa)
+            and q.is_cuda
+            and q.dtype in (torch.float16, torch.bfloat16)
+            and self.head_dim % 8 == 0
+            and self.head_dim <= 256
+        )
+        if not applies and self.extend_attention == "flash":
+            raise RuntimeError(
+                "extend_attention='flash' needs aten._flash_attention_forward (with a sliding "
+                "window for SWA layers), a CUDA fp16/bf16 query and head_dim a multiple of 8 up "
+                f"to 256; got {q.device} {q.dtype}, head_dim {self.head_dim}"
+            )
+        return applies
+
     def _extend(self, q: torch.Tensor, layer_id: int) -> torch.Tensor:
+        if self._flash_applies(q, self.kv_cache.is_swa_layer(layer_id)):
+            return self._extend_flash(q, layer_id)
+        return self._extend_torch(q, layer_id)
+
+    def _extend_flash(self, q: torch.Tensor, layer_id: int) -> torch.Tensor:
+        """All requests in one varlen call: keys gathered once per layer in request order;
+        causal masking aligned to each request's end covers the cached prefix."""
+        meta = self._require_metadata()
+        k_buf, v_buf, swa = self._keys(layer_id)
+        mapping = self.kv_cache.full_to_swa_index_mapping if swa else None  # type: ignore[attr-defined]
+        locs = meta.extend_key_locs(mapping)
+        k, v = k_buf.index_select(0, locs), v_buf.index_select(0, locs)
+        op, _ = _flash_varlen()  # type: ignore[misc]
+        window = {}
+        if swa:
+            # A query at p attends (p - w, p]: w - 1 keys to its left, none to its right.
+            window = {"window_size_left": self.sliding_window - 1, "window_size_right": 0}
+        out = op(
+            q, k, v, meta.cu_seqlens_q, meta.cu_seqlens_k, meta.max_seqlen_q, meta.max_seqlen_k,
+            0.0, True, False, scale=self.scale, **window,
+        )[0]
+        return out.reshape(q.shape[0], self.num_heads * self.head_dim)
+
+    def _extend_torch(self, q: torch.Tensor, layer_id: int) -> torch.Tensor:
         meta = self._require_metadata()
         k_buf, v_buf, swa = self._keys(layer_id)
         kv_indices = meta.kv_indices

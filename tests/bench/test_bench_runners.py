@@ -213,10 +213,11 @@ def run_decode(
 
 def _capture_full_graph(
     device: Any, runner: ModelRunner, batch: ForwardBatch, stream: Any
-) -> tuple[Any, torch.Tensor]:
+) -> tuple[Any, torch.Tensor, Any]:
     """A device graph of the whole step for this exact batch: the in-graph metadata half and
     ``model(batch)``, attention included (valid for this batch's shape only). Warmed up on the
-    side stream it is captured on, from a private pool."""
+    side stream it is captured on, from a private pool. Returns the graph, its logits and the
+    out-of-graph metadata it reads (host-prepared tensors the caller keeps alive with it)."""
     backend = runner.attn_backend
 
     def step() -> torch.Tensor:
@@ -233,7 +234,7 @@ def _capture_full_graph(
         graph = device.CUDAGraph()
         with device.graph(graph, stream=stream):
             logits = step()
-    return graph, logits
+    return graph, logits, backend.forward_metadata
 
 
 def run_prefill(
@@ -260,7 +261,7 @@ def run_prefill(
                     for p in _prompts(n, tokens // n, shape.vocab_size, seed=tokens + n)
                 ]
                 batch = runner._batch(ForwardMode.EXTEND, requests, [r.prompt for r in requests])
-                graph, full_logits = _capture_full_graph(device, runner, batch, stream)
+                graph, full_logits, full_meta = _capture_full_graph(device, runner, batch, stream)
                 variants = {
                     "eager": lambda b=batch: runner.forward_eager(b),
                     "breakable": lambda b=batch: runner.prefill_runner.replay(b),
@@ -286,7 +287,7 @@ def run_prefill(
                     "samples": timing["samples"],
                     "max_rel_error": max(errors),
                 })
-                del graph, full_logits, variants
+                del graph, full_logits, full_meta, variants
                 for r in requests:
                     runner.release(r)
         replays = runner.prefill_runner.stats.replays
