@@ -154,7 +154,10 @@ def build_model(
     dtype: torch.dtype = torch.float32,
 ) -> CausalLM:
     """A seeded, randomly initialised reference model of ``kind`` (see :data:`ModelKind`), in
-    eval mode on ``device`` (a torch device: ``device_module.device``). No downloads.
+    eval mode on ``device`` (a torch device: ``device_module.device``), for inference only: its
+    parameters do not require gradients, so eager runs build no autograd graph. No downloads.
+    ``dtype`` applies to the weights; rotary frequencies stay fp32 (in bf16, far positions would
+    rotate by visibly wrong angles).
 
     ``head_dim`` defaults to ``hidden_size // num_heads``, ``intermediate_size`` to twice the
     hidden size; ``hybrid_swa`` needs ``sliding_window``. ``long_rope_threshold`` turns on the
@@ -201,4 +204,8 @@ def build_model(
                     param.normal_(0.0, 1.0 / (param.shape[-1] ** 0.5))
     finally:
         torch.random.set_rng_state(generator_state)
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    for module in model.modules():
+        if isinstance(module, Rotary):
+            module.float()
+    return model
