@@ -28,6 +28,7 @@ Capability = Literal[
     "backend_errors",
     "node_count",
     "simulator",
+    "stream_order",
 ]
 """What a backend can show, beyond the protocol every backend keeps:
 
@@ -47,6 +48,9 @@ Capability = Literal[
   ``device.cache_info()`` counts pools and blocks, and the op-handler registry
   (``fakes.register_op_handler``, ``fakes.classify_op``) decides what is recorded
   (``FAKE-1`` .. ``FAKE-12``).
+- ``stream_order``: an eager op or a replay that touches memory last written on another stream,
+  with no wait between them, raises :class:`spec.StreamRace` (``ORD-1`` .. ``ORD-5``); real CUDA
+  lets timing decide.
 """
 
 CAPABILITIES: Final[frozenset[str]] = frozenset(get_args(Capability))
@@ -181,7 +185,7 @@ def _fake() -> Backend:
         "fake",
         lambda: spec.get_device("fake"),
         ["hazard_errors", "exact_capture_errors", "aten_op_names", "unsupported_ops",
-         "node_count", "simulator"],
+         "node_count", "simulator", "stream_order"],
         registry=impl,
         breakable=impl,
         runners=impl,

@@ -14,6 +14,11 @@ hazard errors, on CUDA through the corrupted data itself.
   the next break's fresh result lands there, and a later segment that still reads the first
   result reads the second.
 - ``unjoined_fork``: no automatic join of forked side streams before a segment ends.
+- ``unordered_entry``: the capture stream does not wait for the caller's stream on entry, so a
+  break body reads inputs the caller's stream may still be writing (``ORD-4``; on CUDA
+  ``torch.cuda.graph``'s synchronize hides it, the fake names it as a ``StreamRace``).
+- ``unordered_exit``: the caller's stream does not wait for the capture stream on exit, so the
+  caller's replay rewrites break results the capture stream may still be writing (``ORD-4``).
 - ``swa_pad_kept`` (registry): the hybrid-SWA decode registry keeps the pad rows of
   ``out_cache_loc_swa`` (FOREACH_COPY instead of ZERO), so a padded request's KV write lands on
   the sliding-window cache location of a request from an earlier, larger batch.
@@ -46,6 +51,8 @@ __all__ = [
     "PREFILL_MUTANTS",
     "REGISTRY_MUTANTS",
     "UnjoinedForkCapture",
+    "UnorderedEntryCapture",
+    "UnorderedExitCapture",
     "WeakInputsCapture",
     "WeakResultCapture",
     "capture_class",
@@ -144,10 +151,26 @@ class UnjoinedForkCapture(impl.BreakableCUDAGraphCapture):
         return None
 
 
+class UnorderedEntryCapture(impl.BreakableCUDAGraphCapture):
+    """Mutant: the capture stream does not wait for the caller's stream on entry (``ORD-4``)."""
+
+    def _order_after_caller(self, caller: Any) -> None:
+        return None
+
+
+class UnorderedExitCapture(impl.BreakableCUDAGraphCapture):
+    """Mutant: the caller's stream does not wait for the capture stream on exit (``ORD-4``)."""
+
+    def _join_caller(self, caller: Any) -> None:
+        return None
+
+
 MUTANTS: Final[dict[str, type[impl.BreakableCUDAGraphCapture]]] = {
     "weak_inputs": WeakInputsCapture,
     "weak_result": WeakResultCapture,
     "unjoined_fork": UnjoinedForkCapture,
+    "unordered_entry": UnorderedEntryCapture,
+    "unordered_exit": UnorderedExitCapture,
 }
 """Mutant name -> capture class."""
 

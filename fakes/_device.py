@@ -30,8 +30,8 @@ from spec.protocol import CaptureErrorMode, check_capture_error_mode
 from ._allocator import Block, FakePool, external_label
 from ._compat import no_python_dispatch, remove_dispatch_mode
 from ._graph import FakeCUDAGraph, Program
-from ._mode import Recorder, RecordingMode
-from ._streams import Capture, FakeEvent, FakeStream
+from ._mode import Recorder, RecordingMode, StreamOrderMode
+from ._streams import Capture, FakeEvent, FakeStream, StreamOrder
 
 __all__ = ["FakeDevice", "FakeDeviceInfo", "WeakTensorRef"]
 
@@ -122,6 +122,15 @@ class FakeDevice:
 
     .. note:: ``capture_begin`` and ``capture_end`` must run on the same thread; the recorder
        sees the capturing thread's ops only.
+
+    .. note:: Stream order (the ``stream_order`` capability, ``ORD-1`` .. ``ORD-5``): an eager op
+       issued inside a ``stream(s)`` body, or a replay, that touches memory last written on
+       another stream with nothing ordering the two (``wait_stream``, an event wait, a host
+       synchronize) raises ``StreamRace`` before it runs. Streams are non-blocking, as torch's
+       side streams are: the default stream orders nothing implicitly, and neither does
+       :meth:`graph` (``torch.cuda.graph`` synchronizes the device at entry; the protocol does
+       not promise it, ``ORD-2``). Eager work issued outside every ``stream(...)`` body is not
+       tracked (``ORD-5``).
     """
 
     name: str = "fake"
@@ -133,6 +142,7 @@ class FakeDevice:
         self.Stream: type[FakeStream] = type("Stream", (FakeStream,), dict(bind))
         self.Event: type[FakeEvent] = type("Event", (FakeEvent,), dict(bind))
         self.CUDAGraph: type[FakeCUDAGraph] = type("CUDAGraph", (FakeCUDAGraph,), dict(bind))
+        self._order = StreamOrder()  # before the first stream: every stream registers with it
         self._default = self.Stream()
         self._default._is_default = True
         self._side: FakeStream | None = None
@@ -165,23 +175,40 @@ class FakeDevice:
 
     @contextlib.contextmanager
     def stream(self, stream: FakeStream | None) -> Iterator[FakeStream | None]:
-        """Make ``stream`` current for the body (``None``: no change); restore on exit."""
+        """Make ``stream`` current for the body (``None``: no change); restore on exit.
+
+        Making a stream current orders nothing (``ORD-2``). The eager work the body issues, on
+        any stream, is checked against stream order (``ORD-5``): the thread's outermost stream
+        body pushes a :class:`~fakes.StreamOrderMode` and takes it off on exit.
+        """
         if stream is None:
             yield None
             return
         self._check_stream(stream, "stream")
         previous = getattr(self._tls, "stream", None)
+        mode: StreamOrderMode | None = None
+        if getattr(self._tls, "order_mode", None) is None:
+            mode = StreamOrderMode(self)
+            mode.__enter__()
+            self._tls.order_mode = mode
         self._tls.stream = stream
         try:
             yield stream
         finally:
             self._tls.stream = previous
+            if mode is not None:
+                self._tls.order_mode = None
+                # A capture begun in the body and still open keeps its recorder above ours.
+                remove_dispatch_mode(mode)
 
     def synchronize(self) -> None:
-        """A no-op outside capture; ``SyncDuringCapture`` during one, in every
-        ``capture_error_mode`` (it waits on the capturing stream, ``CAP-2``)."""
+        """Outside capture, the host waits for every stream: later work on any stream is
+        ordered after all work issued so far (``ORD-1``). ``SyncDuringCapture`` during a
+        capture, in every ``capture_error_mode`` (it waits on the capturing stream, ``CAP-2``).
+        """
         self._sweep()
         self._host_sync("synchronize()", touches_capture=True)
+        self._order.synchronize()
 
     def is_current_stream_capturing(self) -> bool:
         """Whether the current stream belongs to a capture in progress (``DEV-3``)."""
@@ -213,7 +240,8 @@ class FakeDevice:
         The capture runs on ``stream`` or, if ``None``, on this device's side stream (created
         on first use, never the default stream, ``CAP-3``), which is current for the body; the
         previous stream is current again afterwards (``DEV-4``). Memory comes from ``pool``
-        (or the graph's private pool).
+        (or the graph's private pool). Unlike ``torch.cuda.graph``, entering does not
+        synchronize the device: it orders nothing (``ORD-2``).
 
         ``capture_error_mode`` is one of:
 
@@ -313,6 +341,16 @@ class FakeDevice:
         )
 
     # -- internals used by streams, graphs and the recorder -----------------------------------
+
+    def _memory_of(self, tensor: torch.Tensor) -> Any:
+        """What stream order keys ``tensor``'s memory by: its pool block, or its storage."""
+        storage = tensor.untyped_storage()
+        block = self._block_of(storage)
+        return storage if block is None else block
+
+    @staticmethod
+    def _describe_memory(memory: Any) -> str:
+        return memory.describe() if isinstance(memory, Block) else external_label(memory)
 
     def _check_stream(self, stream: Any, param: str) -> None:
         if not isinstance(stream, FakeStream) or stream._device is not self:
@@ -482,7 +520,16 @@ class FakeDevice:
                 cap,
                 UnsupportedInCapture("CUDAGraph.replay", detail="replay inside a capture"),
             )
-        graph._program.run()
+        program = graph._program
+        alive = program.check()
+        # A replay is one piece of work on the current stream (ORD-3): checked as a whole
+        # against stream order before anything runs, the last writer of all it writes after.
+        stream = self.current_stream()
+        reads, writes = program.memories(alive)
+        op = f"{graph!r}.replay()"
+        self._order.check(stream, op, reads, writes, self._describe_memory)
+        program.run(alive)
+        self._order.wrote(stream, stream._issue(), op, writes)
         self._replays += 1
 
 

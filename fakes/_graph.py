@@ -69,6 +69,10 @@ class Program:
                     assert block is not None
                     final[block] = stamp
         self.weak = tuple(first_touch.items())
+        read_refs = {r.ref for op in self.ops for r in op.reads}
+        write_refs = {index for op in self.ops for index in op.writes}
+        self._read_refs = tuple(sorted(read_refs - write_refs))
+        self._write_refs = tuple(sorted(write_refs))
         self.entry_reads = tuple(entry)
         self.final_writes = tuple(final.items())
         self._views: list[torch.Tensor | None] | None = None
@@ -108,8 +112,22 @@ class Program:
                 )
         return alive
 
-    def run(self) -> None:
-        alive = self.check()
+    def memories(
+        self, alive: dict[WeakMemory, torch.UntypedStorage]
+    ) -> tuple[list[object], list[object]]:
+        """The memory (pool blocks and storages, as stream order keys it) a replay reads
+        without writing, and the memory it writes; ``alive`` comes from :meth:`check`."""
+
+        def memory(index: int) -> object:
+            ref = self.refs[index]
+            return ref.block if ref.block is not None else alive[ref.weak]  # type: ignore[index]
+
+        return ([memory(i) for i in self._read_refs], [memory(i) for i in self._write_refs])
+
+    def run(self, alive: dict[WeakMemory, torch.UntypedStorage] | None = None) -> None:
+        """Run the recorded ops (after :meth:`check`, whose result ``alive`` is)."""
+        if alive is None:
+            alive = self.check()
         done = 0
         try:
             with no_python_dispatch(), torch.inference_mode():

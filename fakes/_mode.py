@@ -11,6 +11,11 @@ ordered pipeline:
    host syncs raise ``SyncDuringCapture``, random ops raise ``UnsupportedInCapture``, and kernels
    are recorded by :class:`Recorder`.
 
+Outside captures, :class:`StreamOrderMode` sees the eager ops a thread issues inside a
+``device.stream(...)`` body and checks them against the device's stream order (``ORD-1``,
+``ORD-5``): an op that touches memory another stream wrote, with nothing ordering the two, raises
+:class:`~spec.StreamRace` before it runs.
+
 Recording never executes the kernel. Its output shapes come from the meta device (so bad calls
 fail at capture as they would eagerly); fresh outputs get poisoned memory from the capture's
 pool; in-place and ``out=`` targets are left untouched. The recorded op refers to memory (block,
@@ -46,7 +51,7 @@ if TYPE_CHECKING:
     from ._device import FakeDevice
     from ._streams import Capture
 
-__all__ = ["Recorder", "RecordingMode"]
+__all__ = ["Recorder", "RecordingMode", "StreamOrderMode"]
 
 _META = torch.device("meta")
 
@@ -395,6 +400,94 @@ class Recorder:
         return results[0] if n_returns == 1 else tuple(results)
 
 
+def _accesses(
+    func: Any, info: OpInfo, args: Args, kwargs: Kwargs
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The tensors ``func`` reads and those it writes in place (fresh outputs not included):
+    written arguments are the schema's ``Tensor(a!)``; ``out=`` arguments and the targets of
+    :data:`_OVERWRITE_SELF` ops are written without being read."""
+    reads: list[torch.Tensor] = []
+    writes: list[torch.Tensor] = []
+    names = info.arg_names
+
+    def visit(value: Any, name: str) -> None:
+        if isinstance(value, torch.Tensor):
+            if name in info.written:
+                writes.append(value)
+            if name not in info.out_args and not (name == "self" and func in _OVERWRITE_SELF):
+                reads.append(value)
+        elif type(value) in (list, tuple):
+            for v in value:
+                visit(v, name)
+
+    for i, value in enumerate(args):
+        visit(value, names[i] if i < len(names) else "")
+    for name, value in kwargs.items():
+        visit(value, name)
+    return reads, writes
+
+
+class StreamOrderMode(TorchDispatchMode):
+    """The dispatch mode that checks eager ops against stream order (``ORD-1``).
+
+    :meth:`FakeDevice.stream` pushes one on entry of a thread's outermost stream body and takes
+    it off on exit (``ORD-5``), so the mode sees the eager work issued on any stream made
+    current, the default stream included, and nothing outside such bodies. For each op that
+    launches a kernel it checks the memory the op reads and writes against the last writers
+    (:class:`~fakes._streams.StreamOrder`), runs the op, and makes the current stream the last
+    writer of what the op wrote (its in-place targets and fresh outputs). Ops on a capturing
+    stream are the recorder's (they do not run, ``ORD-3``); views and allocations touch no
+    memory; an op returning host data (``.item()``) also synchronizes the host with the stream.
+    """
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # as RecordingMode: no dynamo shim on every op
+
+    def __init__(self, device: FakeDevice) -> None:
+        super().__init__()
+        self.device = device
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: Args = (), kwargs: Kwargs | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if any(_has_own_dispatch(t) for t in types):
+            return NotImplemented
+        device = self.device
+        stream = device.current_stream()
+        info = classify_op(func)
+        if (
+            stream._capture is not None
+            or info.kind == "view"
+            or func in _NO_MEMORY_TOUCHED
+            or not _on_cpu(args, kwargs)
+        ):
+            return func(*args, **kwargs)
+        reads, writes = _accesses(func, info, args, kwargs)
+        memory_of = device._memory_of
+        order = device._order
+        written = [memory_of(t) for t in writes]
+        order.check(stream, info.name, [memory_of(t) for t in reads], written,
+                    device._describe_memory)
+        out = func(*args, **kwargs)
+        for alias, value in zip(info.return_aliases, _returned(out, info), strict=False):
+            if alias is None:
+                written.extend(memory_of(t) for t in flatten_tensors(value)
+                               if isinstance(t, torch.Tensor))
+        order.wrote(stream, stream._issue(), info.name, written)
+        if info.kind == "sync":
+            order.host_waited(stream._clock())  # the host read data the stream produced
+        return out
+
+
+def _returned(out: Any, info: OpInfo) -> tuple[Any, ...]:
+    n = len(info.return_aliases)
+    if n == 0:
+        return ()
+    return (out,) if n == 1 else tuple(out)
+
+
 class RecordingMode(TorchDispatchMode):
     """The dispatch mode active on the capturing thread between ``capture_begin`` and the end
     (or abort) of the capture. See the module docstring for the pipeline.
@@ -477,16 +570,29 @@ def _indexing(recorder: Recorder, func: Any, args: Args, kwargs: Kwargs) -> Any:
     return recorder.record(func, args, kwargs)
 
 
-@register_op_handler(
-    aten_ops(
-        "empty.memory_format",
-        "empty_strided.default",
-        "empty_like.default",
-        "new_empty.default",
-        "new_empty_strided.default",
-        "empty_permuted.default",
-    )
+_ALLOCATION_OPS = aten_ops(
+    "empty.memory_format",
+    "empty_strided.default",
+    "empty_like.default",
+    "new_empty.default",
+    "new_empty_strided.default",
+    "empty_permuted.default",
 )
+_NO_KERNEL_OPS = aten_ops(
+    "_unsafe_view.default",
+    "is_same_size.default",
+    "sym_size.int",
+    "sym_stride.int",
+    "sym_numel.default",
+    "sym_storage_offset.default",
+)
+_RECORD_STREAM_OPS = aten_ops("record_stream.default")
+# Ops that read and write no memory, for stream order: allocations (fresh memory is nobody's
+# write yet), metadata ops, and the allocator's record_stream (which orders nothing).
+_NO_MEMORY_TOUCHED = frozenset((*_ALLOCATION_OPS, *_NO_KERNEL_OPS, *_RECORD_STREAM_OPS))
+
+
+@register_op_handler(_ALLOCATION_OPS)
 def _allocation(recorder: Recorder, func: Any, args: Args, kwargs: Kwargs) -> Any:
     # An allocation launches no kernel: pool memory, poisoned, and no recorded op.
     return recorder.allocate_only(func, args, kwargs)
@@ -508,23 +614,14 @@ def _host_constant_copy(
     return NotImplemented
 
 
-@register_op_handler(
-    aten_ops(
-        "_unsafe_view.default",
-        "is_same_size.default",
-        "sym_size.int",
-        "sym_stride.int",
-        "sym_numel.default",
-        "sym_storage_offset.default",
-    )
-)
+@register_op_handler(_NO_KERNEL_OPS)
 def _no_kernel(recorder: Recorder, func: Any, args: Args, kwargs: Kwargs) -> Any:
     # _unsafe_view aliases its input without a schema alias annotation; the sym_* and
     # is_same_size ops read metadata only. None of them launches a kernel.
     return recorder.passthrough(func, args, kwargs)
 
 
-@register_op_handler(aten_ops("record_stream.default"))
+@register_op_handler(_RECORD_STREAM_OPS)
 def _record_stream(recorder: Recorder, func: Any, args: Args, kwargs: Kwargs) -> Any:
     # Allocator bookkeeping only; the fake's pools do not need it.
     return None

@@ -10,15 +10,29 @@ Fork and join go through events, exactly as ``torch.cuda.Stream.wait_stream`` do
 per stream of the capture, how far that stream's work had got; a stream outside the capture that
 waits on it joins the capture (a fork), and the capturing stream waiting on it marks the covered
 work as joined.
+
+Streams also carry *stream order* (``ORD-1`` .. ``ORD-5``), the fake's model of which eager work
+another stream's work is ordered after. Each stream numbers the work issued on it (``issued``)
+and keeps a vector clock (``waited``: for every other stream, the last of its work this stream is
+ordered after); an event recorded eagerly snapshots its stream's clock, and a wait merges the
+snapshot into the waiter's clock. :class:`StreamOrder`, one per device, keeps the last writer of
+every piece of memory and what the host has synchronized with, and raises
+:class:`~spec.StreamRace` for an access that nothing orders after the last write. torch's side
+streams are created non-blocking, so nothing orders them with the default stream implicitly: the
+fake's default stream is an ordinary stream in this model.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+import weakref
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+
+from spec.errors import StreamRace
 
 if TYPE_CHECKING:
     from ._allocator import FakePool
@@ -26,7 +40,7 @@ if TYPE_CHECKING:
     from ._graph import FakeCUDAGraph
     from ._mode import Recorder, RecordingMode
 
-__all__ = ["FakeEvent", "FakeStream"]
+__all__ = ["FakeEvent", "FakeStream", "StreamOrder"]
 
 _stream_ids = itertools.count(0)
 _event_ids = itertools.count(1)
@@ -110,6 +124,11 @@ class FakeStream:
         self._capture: Capture | None = None
         self._seq = 0
         self._absorbed: dict[FakeStream, int] = {}
+        # Stream order (ORD-1): the number of the latest eager work (op or replay) issued here,
+        # and, per other stream, the latest of its work this stream is ordered after.
+        self._issued = 0
+        self._waited: dict[FakeStream, int] = {}
+        self._device._order.streams.add(self)
 
     @property
     def device(self) -> torch.device:
@@ -134,11 +153,32 @@ class FakeStream:
 
         While ``self`` captures, ``event`` must have been recorded in the same capture (or never
         recorded: a no-op, as in torch): waiting on work outside the capture raises
-        ``CaptureInvalidated`` and aborts the capture (``CAP-6``).
+        ``CaptureInvalidated`` and aborts the capture (``CAP-6``). Outside a capture, later
+        eager work on ``self`` is ordered after the work the event marks (``ORD-1``).
         """
         if not isinstance(event, FakeEvent):
             raise TypeError(f"event must be an Event of this device, got {event!r}")
         self._device._on_wait(self, event)
+        if self._capture is None:
+            self._order_after(event._order)
+
+    # -- stream order (owned here: only these two methods write _issued and _waited) ----------
+
+    def _issue(self) -> int:
+        """Number a new piece of eager work (an op or a replay) issued on this stream."""
+        self._issued += 1
+        return self._issued
+
+    def _order_after(self, clock: dict[FakeStream, int]) -> None:
+        """Order later work on this stream after the work ``clock`` covers (a wait)."""
+        waited = self._waited
+        for stream, seq in clock.items():
+            if stream is not self and waited.get(stream, 0) < seq:
+                waited[stream] = seq
+
+    def _clock(self) -> dict[FakeStream, int]:
+        """What work on this stream so far is ordered after, itself included."""
+        return {**self._waited, self: self._issued}
 
     def record_event(self, event: FakeEvent | None = None) -> FakeEvent:
         """Record ``event`` (a new ``device.Event()`` if ``None``) on this stream; return it."""
@@ -149,15 +189,18 @@ class FakeStream:
 
     def query(self) -> bool:
         """Always ``True`` (the CPU ran everything). A host sync: ``SyncDuringCapture`` on a
-        stream of a capture, and on any stream unless ``capture_error_mode="relaxed"``."""
+        stream of a capture, and on any stream unless ``capture_error_mode="relaxed"``; later
+        work on any stream is ordered after this stream's work so far (``ORD-1``)."""
         self._device._host_sync(f"{self!r}.query()", touches_capture=self._capture is not None)
+        self._device._order.host_waited(self._clock())
         return True
 
     def synchronize(self) -> None:
-        """A no-op outside capture; a host sync (see :meth:`query`)."""
+        """A host sync (see :meth:`query`); orders later work as :meth:`query` does."""
         self._device._host_sync(
             f"{self!r}.synchronize()", touches_capture=self._capture is not None
         )
+        self._device._order.host_waited(self._clock())
 
     def __repr__(self) -> str:
         kind = "default stream" if self._is_default else f"stream {self.stream_id}"
@@ -185,6 +228,9 @@ class FakeEvent:
         self._capture: Capture | None = None
         self._covers: dict[FakeStream, int] = {}
         self._recorded = False
+        # The recording stream's clock when recorded eagerly (ORD-1); empty when never recorded
+        # or recorded inside a capture (a graph node, which orders no eager work, ORD-3).
+        self._order: dict[FakeStream, int] = {}
 
     def record(self, stream: FakeStream | None = None) -> None:
         """Record the event on ``stream`` (the current stream if ``None``)."""
@@ -194,6 +240,7 @@ class FakeEvent:
         self._recorded = True
         self._capture = cap
         self._covers = {stream: stream._seq, **stream._absorbed} if cap is not None else {}
+        self._order = stream._clock() if cap is None else {}
 
     def wait(self, stream: FakeStream | None = None) -> None:
         """Make ``stream`` (the current stream if ``None``) wait for the event."""
@@ -205,15 +252,18 @@ class FakeEvent:
         return self._capture is not None and not self._capture.closed
 
     def query(self) -> bool:
-        """Always ``True`` outside capture. A host sync (see :meth:`FakeStream.query`)."""
+        """Always ``True`` outside capture. A host sync (see :meth:`FakeStream.query`): later
+        work on any stream is ordered after the work the event marks (``ORD-1``)."""
         self._device._host_sync(f"{self!r}.query()", touches_capture=self._in_live_capture())
+        self._device._order.host_waited(self._order)
         return True
 
     def synchronize(self) -> None:
-        """A no-op outside capture. A host sync (see :meth:`FakeStream.query`)."""
+        """A host sync (see :meth:`query`); orders later work as :meth:`query` does."""
         self._device._host_sync(
             f"{self!r}.synchronize()", touches_capture=self._in_live_capture()
         )
+        self._device._order.host_waited(self._order)
 
     def elapsed_time(self, end_event: FakeEvent) -> float:
         """``0.0``: the fake keeps no time. Both events need ``enable_timing=True``."""
@@ -224,3 +274,92 @@ class FakeEvent:
 
     def __repr__(self) -> str:
         return f"<fake event {self.event_id}>"
+
+
+# ---------------------------------------------------------------------------------------------
+# Stream order
+# ---------------------------------------------------------------------------------------------
+
+Memory = Any
+"""What stream order keys memory by: a pool :class:`~fakes._allocator.Block` (every allocation
+of the block is the same physical memory), or the ``UntypedStorage`` of memory outside pools."""
+
+
+@dataclass(frozen=True, slots=True)
+class LastWrite:
+    """The latest eager write of a piece of memory: work number ``seq`` of ``stream``, op
+    ``op``."""
+
+    stream: FakeStream
+    seq: int
+    op: str
+
+
+class StreamOrder:
+    """A device's stream order: the last writer of each piece of memory, and the work the host
+    has synchronized with (``ORD-1``).
+
+    Work ``(A, n)`` (the ``n``-th work issued on stream ``A``) is *ordered before* later work on
+    stream ``B`` when ``A is B`` (a stream runs in issue order), when ``B``'s clock covers it
+    (``B`` waited for ``A``, directly or through other streams), or when the host synchronized
+    with it (``host``). Nothing else orders two streams: side streams are non-blocking
+    (``ORD-2``). The table holds its memory weakly: freed memory forgets its writer.
+
+    .. note:: Granularity is the whole block (or storage): two streams writing disjoint halves
+       of one buffer race here. Reads after reads never race; a write after another stream's
+       read (write-after-read) is not detected.
+    """
+
+    def __init__(self) -> None:
+        self.streams: weakref.WeakSet[FakeStream] = weakref.WeakSet()
+        self.host: dict[FakeStream, int] = {}
+        self._last: weakref.WeakKeyDictionary[Memory, LastWrite] = weakref.WeakKeyDictionary()
+
+    def host_waited(self, clock: dict[FakeStream, int]) -> None:
+        """The host waited for the work ``clock`` covers (a synchronize or a query)."""
+        host = self.host
+        for stream, seq in clock.items():
+            if host.get(stream, 0) < seq:
+                host[stream] = seq
+
+    def synchronize(self) -> None:
+        """The host waited for all work of every stream (``device.synchronize()``)."""
+        for stream in list(self.streams):
+            self.host_waited(stream._clock())
+
+    def _ordered(self, stream: FakeStream, last: LastWrite) -> bool:
+        writer = last.stream
+        return (
+            writer is stream
+            or stream._waited.get(writer, 0) >= last.seq
+            or self.host.get(writer, 0) >= last.seq
+        )
+
+    def check(
+        self, stream: FakeStream, op: str, reads: Any, writes: Any, describe: Any
+    ) -> None:
+        """Raise :class:`~spec.StreamRace` if ``op`` on ``stream`` touches memory (in ``reads``
+        or ``writes``) whose last write nothing orders before it; ``describe(memory)`` names
+        the memory in the error."""
+        last_writes = self._last
+        for access, memories in (("write", writes), ("read", reads)):
+            for memory in memories:
+                last = last_writes.get(memory)
+                if last is not None and not self._ordered(stream, last):
+                    raise StreamRace(
+                        op, repr(stream), repr(last.stream), describe(memory),
+                        written_by=last.op, access=access,
+                    )
+
+    def wrote(self, stream: FakeStream, seq: int, op: str, writes: Any) -> None:
+        """Make work ``seq`` of ``stream`` (op ``op``) the last writer of ``writes``."""
+        if not writes:
+            return
+        stamp = LastWrite(stream, seq, op)
+        last_writes = self._last
+        for memory in writes:
+            last_writes[memory] = stamp
+
+    def last_writer(self, memory: Memory) -> LastWrite | None:
+        """The last eager write of ``memory`` the fake saw, or ``None``."""
+        return self._last.get(memory)

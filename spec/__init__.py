@@ -11,6 +11,7 @@ from . import (  # noqa: F401
     _clauses_errors,
     _clauses_registry,
     _clauses_runners,
+    _clauses_streams,
     errors,
 )
 from .clauses import CLAUSES, Clause, define, get_clause
@@ -26,6 +27,7 @@ from .errors import (
     NestedCapture,
     PoolClobber,
     ReplayError,
+    StreamRace,
     SyncDuringCapture,
     UnjoinedStream,
     UnsupportedInCapture,
@@ -63,6 +65,7 @@ __all__ = [
     "RegistryOracle",
     "ReplayError",
     "StreamLike",
+    "StreamRace",
     "SyncDuringCapture",
     "UnjoinedStream",
     "UnsupportedInCapture",

@@ -28,6 +28,7 @@ __all__ = [
     "NestedCapture",
     "PoolClobber",
     "ReplayError",
+    "StreamRace",
     "SyncDuringCapture",
     "UnjoinedStream",
     "UnsupportedInCapture",
@@ -246,4 +247,50 @@ class MetadataNotUpgraded(ReplayError):
         super().__init__(
             f"read of full attention metadata{what} before init_forward_metadata_in_graph "
             "upgraded it", detail=detail,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Stream order
+# ---------------------------------------------------------------------------------------------
+
+
+class StreamRace(GraphError):
+    """Work on one stream touched memory last written on another stream, with nothing ordering
+    the two: no ``wait_stream``, no event wait, no host synchronisation between them.
+
+    Raised by a backend with the ``stream_order`` capability (the CPU fake) before the op runs,
+    for an eager op or a graph replay issued on ``stream`` that reads or writes memory whose
+    last write was made on ``writer`` (``ORD-1``). On CUDA the same program has no error: its
+    result depends on timing. ``op`` names the op (or ``"CUDAGraph.replay"``), ``block`` the
+    memory, ``written_by`` the op that wrote it, ``access`` is ``"read"`` or ``"write"``.
+
+    torch's side streams are non-blocking: nothing orders them with the default stream or with
+    each other implicitly. Fix: ``stream.wait_stream(writer)`` (or wait on an event recorded on
+    ``writer`` after the write) before the access.
+    """
+
+    clause = "ORD-1"
+
+    def __init__(
+        self,
+        op: str = "",
+        stream: str = "",
+        writer: str = "",
+        block: str = "",
+        written_by: str | None = None,
+        access: str = "read",
+        *,
+        detail: str | None = None,
+    ) -> None:
+        self.op = op
+        self.stream = stream
+        self.writer = writer
+        self.block = block
+        self.written_by = written_by
+        self.access = access
+        by = f" by {written_by}" if written_by else ""
+        super().__init__(
+            f"stream race: {op} on {stream} {access}s {block}, last written{by} on {writer} "
+            f"with no wait between them", detail=detail,
         )

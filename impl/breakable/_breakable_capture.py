@@ -71,8 +71,14 @@ class BreakableCUDAGraphCapture:
     **Where work is recorded.** Each segment is one ``device.graph(segment, pool, stream,
     capture_error_mode)`` capture on the capture stream (made current for the body), including
     work on side streams forked from it; breaks run eagerly on the capture stream between two
-    segment captures. The capture stream first waits for the stream that was current on entry,
-    so eager break bodies see inputs prepared there.
+    segment captures.
+
+    **Stream order** (``ORD-4``). On entry the capture stream waits for the stream that was
+    current (the caller's), so eager break bodies see inputs prepared there; on exit, whether
+    the capture completed or failed, the caller's stream waits for the capture stream, so the
+    caller may use break results (and replay, which writes them again) right away. Side streams
+    are non-blocking: nothing else orders the two (``ORD-2``; ``torch.cuda.graph`` happens to
+    synchronize the device at each segment's start, which the device protocol does not promise).
 
     **Memory.** Segments allocate from ``pool``; a break's capture-time result is an ordinary
     (eager) allocation on the capture stream, outside the pool, kept alive by the graph. Graphs
@@ -139,12 +145,12 @@ class BreakableCUDAGraphCapture:
         stream = self.stream if self.stream is not None else default_capture_stream(device)
         pool = self.pool if self.pool is not None else device.graph_pool_handle()
         self.stream, self.pool = stream, pool
-        # The eager break bodies run on the capture stream and read inputs that may have been
-        # prepared on the caller's stream: order them (a plain wait, nothing is capturing yet).
-        current = device.current_stream()
-        if not _same_stream(current, stream):
-            stream.wait_stream(current)
+        caller = device.current_stream()
         with ExitStack() as stack:
+            self._order_after_caller(caller)
+            # Registered first, so it runs last: after the last segment ended (or the capture
+            # was aborted) and the caller's stream is current again (ORD-4).
+            stack.callback(self._join_caller, caller)
             stack.enter_context(device.stream(stream))
             self._tracker = stack.enter_context(track_forks(device, stream))
             stack.enter_context(_set(ACTIVE_CAPTURE, self))
@@ -170,6 +176,26 @@ class BreakableCUDAGraphCapture:
                 return False
             self._abort(exc)
         return False
+
+    # -- stream order ---------------------------------------------------------------------------
+
+    def _order_after_caller(self, caller: StreamLike) -> None:
+        """Make the capture stream wait for ``caller``, the stream current on entry: the eager
+        break bodies run on the capture stream and read inputs that may have been prepared on
+        ``caller`` (``ORD-4``). A plain wait: nothing is capturing yet.
+        ``conformance.mutants`` overrides this to reproduce the missing wait."""
+        if not _same_stream(caller, self.stream):
+            self.stream.wait_stream(caller)  # type: ignore[union-attr]
+
+    def _join_caller(self, caller: StreamLike) -> None:
+        """Make ``caller`` wait for the capture stream once no segment is capturing: break
+        bodies wrote their results there, and the caller reads them, or replays the graph,
+        which writes them again (``ORD-4``)."""
+        stream = self.stream
+        # A wait on a stream that still captures would fork the caller into that capture; a
+        # device that failed to close one has already raised, and that error must propagate.
+        if not _same_stream(caller, stream) and not self.device.is_stream_capturing(stream):
+            caller.wait_stream(stream)  # type: ignore[arg-type]
 
     # -- segments and breaks ---------------------------------------------------------------------
 
