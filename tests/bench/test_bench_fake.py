@@ -9,9 +9,14 @@ meta shape inference, poisoned allocation, replay bookkeeping), not CPU arithmet
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import platform
+import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -174,3 +179,46 @@ def test_bench_fake_capture_and_replay(benchmark: Any) -> None:
     benchmark.pedantic(
         capture_and_replay, args=(device, model, tokens, positions), rounds=10, warmup_rounds=1
     )
+
+
+def test_bench_fake_ops_per_second(benchmark: Any) -> None:
+    """Simulator figures, not GPU figures: recorded ops per second of capture and replayed ops
+    per second of replay on this host's CPU, medians of ``rounds`` runs, written to
+    ``bench_fake.json`` under ``$BENCH_REPORT_DIR``."""
+    device = fakes.FakeDevice()
+    model = make_decoder()
+    tokens = torch.tensor([3, 14, 159, 265])
+    positions = torch.tensor([0, 1, 2, 3])
+    smoke = getattr(benchmark, "disabled", False)
+    rounds = 2 if smoke else 20
+
+    def measure() -> dict[str, float]:
+        capture_s, replay_s, nodes = [], [], 0
+        for _ in range(rounds):
+            graph = device.CUDAGraph()
+            start = time.perf_counter()
+            with device.graph(graph):
+                decode_step(model, tokens, positions)
+            captured = time.perf_counter()
+            graph.replay()
+            replay_s.append(time.perf_counter() - captured)
+            capture_s.append(captured - start)
+            nodes = device.graph_node_count(graph)
+        return {
+            "recorded_ops": nodes,
+            "capture_ops_per_s": nodes / statistics.median(capture_s),
+            "replay_ops_per_s": nodes / statistics.median(replay_s),
+        }
+
+    benchmark.group = "fake-ops-per-second"
+    result = benchmark.pedantic(measure, rounds=1, iterations=1)
+    assert result["recorded_ops"] > 0
+    benchmark.extra_info.update(result)
+    if smoke:
+        return
+    out_dir = Path(os.environ.get("BENCH_REPORT_DIR", "reports"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = {"label": "simulator (CPU fake) figures, not GPU figures",
+              "host": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+              "torch": torch.__version__, **result}
+    (out_dir / "bench_fake.json").write_text(json.dumps(report, indent=2))

@@ -70,12 +70,19 @@ class ModelShape:
     num_kv_heads: int
     vocab_size: int
     dtype: torch.dtype
+    kind: str = "dense"
+    sliding_window: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind} {self.num_layers}x{self.hidden_size}"
 
     def build(self, device: Any) -> Any:
         return build_model(
-            "dense", num_layers=self.num_layers, hidden_size=self.hidden_size,
+            self.kind, num_layers=self.num_layers, hidden_size=self.hidden_size,
             num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-            vocab_size=self.vocab_size, device=device.device, dtype=self.dtype,
+            vocab_size=self.vocab_size, sliding_window=self.sliding_window,
+            device=device.device, dtype=self.dtype,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -95,16 +102,23 @@ class Budget:
 
 
 DECODE_MODEL = ModelShape(8, 1024, 16, 4, 32000, torch.bfloat16)
+SWA_MODEL = ModelShape(8, 1024, 16, 4, 32000, torch.bfloat16, "hybrid_swa", sliding_window=256)
+TWO_HALF_MODEL = ModelShape(8, 1024, 16, 4, 32000, torch.bfloat16, "two_half_metadata")
+DECODE_MODELS = (DECODE_MODEL, SWA_MODEL, TWO_HALF_MODEL)
 DECODE_BATCH_SIZES = (1, 8, 32)
 DECODE_PROMPT_LEN = 64
 DECODE_CONTEXT = 512  # decode attention attends max_context_len keys (masked) per request
 
 PREFILL_MODEL = ModelShape(24, 2048, 16, 4, 4096, torch.bfloat16)
+# torch.compile(mode="reduce-overhead") runs on COMPILE_MODEL, last (it sets up process-wide
+# state of its own); BENCH_NO_COMPILE=1 skips it.
+COMPILE_MODEL = DECODE_MODEL
+PREFILL_MODELS = (PREFILL_MODEL, SWA_MODEL, TWO_HALF_MODEL, COMPILE_MODEL)
 PREFILL_TOKENS = (16, 128, 512, 2048)
 PREFILL_REQUESTS = (1, 4)
 
 GPU_DECODE_BUDGET = Budget(seconds=3.0, min_samples=30, max_samples=400)
-GPU_PREFILL_BUDGET = Budget(seconds=3.5, min_samples=10, max_samples=200)
+GPU_PREFILL_BUDGET = Budget(seconds=2.0, min_samples=10, max_samples=200)
 SMOKE_BUDGET = Budget(seconds=0.0, min_samples=2, max_samples=2)
 
 TINY_MODEL = ModelShape(2, 32, 4, 2, 64, torch.float32)
@@ -170,6 +184,7 @@ def run_decode(
             model, device=device, max_running_requests=max_bs,
             max_total_tokens=max_bs * (prompt_len + 1), decode_cuda_graph=True,
             capture_bs=list(batch_sizes), prefill="eager", max_context_len=max_context_len,
+            swa_full_tokens_ratio=1.0,
         )
         rows = []
         for bs in batch_sizes:
@@ -291,19 +306,37 @@ def _capture_full_graph(
     return graph, logits, backend.forward_metadata
 
 
+def _compiled_step(runner: ModelRunner, stack: Any, batch: ForwardBatch) -> torch.Tensor:
+    """A step through ``torch.compile``'s layer stack: both metadata halves eagerly, the
+    compiled stack (its own CUDA graphs between the graph breaks dynamo makes), the eager head."""
+    with set_forward_context(batch):
+        runner.attn_backend.init_forward_metadata(batch)
+        hidden = stack(batch.input_ids, batch.positions, batch.hidden_states)
+        return runner.model.compute_logits(hidden, batch)
+
+
 def run_prefill(
     device: Any, shape: ModelShape, token_counts: tuple[int, ...],
-    request_counts: tuple[int, ...], *, budget: Budget,
+    request_counts: tuple[int, ...], *, budget: Budget, compile_stack: bool = False,
 ) -> dict[str, Any]:
-    """Eager against breakable replay against a full graph, per (tokens, requests)."""
+    """Eager against breakable replay against a full graph, per (tokens, requests); with
+    ``compile_stack``, also ``torch.compile(mode="reduce-overhead")`` of the layer stack at the
+    same sizes, its compile and warm-up seconds reported apart (``compile_s``), or the error
+    that stopped it (``compile_error``)."""
     most = max(token_counts)
+    compiled: Any = None
+    compile_error: str | None = None
     with torch.no_grad():
         model = shape.build(device)
         runner = ModelRunner(
             model, device=device, max_running_requests=max(request_counts),
             max_total_tokens=most, decode_cuda_graph=False, prefill="breakable",
             capture_num_tokens=list(token_counts), max_context_len=most,
+            swa_full_tokens_ratio=1.0,
         )
+        if compile_stack:
+            compiled = torch.compile(model.get_layer_stack(), mode="reduce-overhead",
+                                     dynamic=False)
         stream = device.Stream()
         rows = []
         for tokens in token_counts:
@@ -327,6 +360,20 @@ def run_prefill(
                 variants["full_graph"]()
                 errors.append(_check_close(f"prefill {tokens}x{n} full graph",
                                            full_logits, expected))
+                compile_s = None
+                if compiled is not None and compile_error is None:
+                    step = lambda b=batch: _compiled_step(runner, compiled, b)  # noqa: E731
+                    start = time.perf_counter()
+                    try:
+                        for _ in range(3):  # compile, warm up, record its graphs
+                            got = step()
+                        device.synchronize()
+                        compile_s = time.perf_counter() - start
+                        errors.append(_check_close(f"prefill {tokens}x{n} torch.compile",
+                                                   got, expected))
+                        variants["compiled"] = step
+                    except Exception as error:  # reported in the table, not raised
+                        compile_error = f"{type(error).__name__}: {str(error)[:300]}"
                 for fn in variants.values():
                     fn()
                 timing = _interleaved(device, variants, budget)
@@ -349,6 +396,10 @@ def run_prefill(
                     "breakable_minus_full_per_break_us": per_break,
                     **profile,
                 })
+                if "compiled" in timing:
+                    rows[-1].update(compiled_us=timing["compiled"], compile_s=compile_s,
+                                    breakable_over_compiled=timing["breakable"]
+                                    / timing["compiled"])
                 del graph, full_logits, full_meta, variants
                 for r in requests:
                     runner.release(r)
@@ -359,6 +410,7 @@ def run_prefill(
     return {
         "model": shape.describe(),
         "results": rows,
+        **({"compile_error": compile_error} if compile_error else {}),
         "targets": [
             f"eager/breakable >= {PREFILL_EAGER_TARGET} up to {PREFILL_EAGER_TARGET_TOKENS} "
             "tokens",
@@ -385,31 +437,36 @@ def _device_name(device: Any) -> str:
 
 def format_table(report: dict[str, Any]) -> str:
     lines = [f"bench_runners on {report['device']} (torch {report['torch']}, {report['date']})"]
-    if "decode" in report:
-        lines.append(f"decode   {'bs':>5} {'eager us':>10} {'graph us':>10} {'eager/graph':>12}")
-        for r in report["decode"]["results"]:
-            lines.append(f"         {r['batch_size']:>5} {r['eager_us']:>10.1f} "
+    for name, section in report.get("decode", {}).items():
+        lines.append(f"decode, {name}")
+        lines.append(f"  {'bs':>5} {'eager us':>10} {'graph us':>10} {'eager/graph':>12}")
+        for r in section["results"]:
+            lines.append(f"  {r['batch_size']:>5} {r['eager_us']:>10.1f} "
                          f"{r['graph_us']:>10.1f} {r['eager_over_graph']:>12.2f}")
-    if "prefill" in report:
-        lines.append(f"prefill  {'tokens':>6} {'reqs':>4} {'eager us':>10} {'brk us':>10} "
+    for name, section in report.get("prefill", {}).items():
+        lines.append(f"prefill, {name}" + (f" (torch.compile failed: {section['compile_error']})"
+                                           if "compile_error" in section else ""))
+        lines.append(f"  {'tokens':>6} {'reqs':>4} {'eager us':>10} {'brk us':>10} "
                      f"{'full us':>10} {'eager/brk':>9} {'brk/full':>8} {'+/break':>8} "
-                     f"{'brk host':>8} {'brk span':>8} {'seg gpu':>8}")
-        for r in report["prefill"]["results"]:
+                     f"{'brk host':>8} {'brk span':>8} {'seg gpu':>8} {'compiled':>9}")
+        for r in section["results"]:
             lines.append(
-                f"         {r['tokens']:>6} {r['requests']:>4} {r['eager_us']:>10.1f} "
+                f"  {r['tokens']:>6} {r['requests']:>4} {r['eager_us']:>10.1f} "
                 f"{r['breakable_us']:>10.1f} {r['full_graph_us']:>10.1f} "
                 f"{r['eager_over_breakable']:>9.2f} {r['breakable_over_full_graph']:>8.2f} "
                 f"{r['breakable_minus_full_per_break_us']:>8.1f} "
                 f"{r.get('break_host_us', 0.0):>8.1f} {r.get('break_device_span_us', 0.0):>8.1f} "
-                f"{r.get('segment_device_us', 0.0):>8.1f}"
+                f"{r.get('segment_device_us', 0.0):>8.1f} "
+                f"{r.get('compiled_us', float('nan')):>9.1f}"
             )
     return "\n".join(lines)
 
 
 def write_report(out_dir: Path, device: Any, sections: dict[str, Any]) -> dict[str, Any]:
-    """``sections`` added to this session's report, written to ``out_dir/bench_runners.json``;
-    the table is printed."""
-    REPORT.update(sections)
+    """``sections`` (``{"decode" | "prefill": {model name: result}}``) merged into this
+    session's report, written to ``out_dir/bench_runners.json``; the table is printed."""
+    for key, results in sections.items():
+        REPORT.setdefault(key, {}).update(results)
     report = {
         "device": _device_name(device),
         "torch": torch.__version__,
@@ -430,13 +487,14 @@ def _report_dir() -> Path:
 
 
 @pytest.mark.gpu
-def test_bench_runners_decode(benchmark) -> None:
+@pytest.mark.parametrize("shape", DECODE_MODELS, ids=lambda shape: shape.name)
+def test_bench_runners_decode(benchmark, shape: ModelShape) -> None:
     device = impl.CudaDevice()
     smoke = getattr(benchmark, "disabled", False)  # --benchmark-disable: a short run, no report
     budget = SMOKE_BUDGET if smoke else GPU_DECODE_BUDGET
     benchmark.group = "runners-decode"
     result = benchmark.pedantic(
-        run_decode, args=(device, DECODE_MODEL, DECODE_BATCH_SIZES),
+        run_decode, args=(device, shape, DECODE_BATCH_SIZES),
         kwargs={"prompt_len": DECODE_PROMPT_LEN, "max_context_len": DECODE_CONTEXT,
                 "budget": budget},
         rounds=1, iterations=1,
@@ -444,23 +502,26 @@ def test_bench_runners_decode(benchmark) -> None:
     if smoke:
         return
     benchmark.extra_info.update(result)
-    write_report(_report_dir(), device, {"decode": result})
+    write_report(_report_dir(), device, {"decode": {shape.name: result}})
 
 
 @pytest.mark.gpu
-def test_bench_runners_prefill(benchmark) -> None:
+@pytest.mark.parametrize("shape", PREFILL_MODELS, ids=lambda shape: shape.name)
+def test_bench_runners_prefill(benchmark, shape: ModelShape) -> None:
     device = impl.CudaDevice()
     smoke = getattr(benchmark, "disabled", False)
     budget = SMOKE_BUDGET if smoke else GPU_PREFILL_BUDGET
+    compile_stack = (shape is COMPILE_MODEL and not smoke
+                     and os.environ.get("BENCH_NO_COMPILE") != "1")
     benchmark.group = "runners-prefill"
     result = benchmark.pedantic(
-        run_prefill, args=(device, PREFILL_MODEL, PREFILL_TOKENS, PREFILL_REQUESTS),
-        kwargs={"budget": budget}, rounds=1, iterations=1,
+        run_prefill, args=(device, shape, PREFILL_TOKENS, PREFILL_REQUESTS),
+        kwargs={"budget": budget, "compile_stack": compile_stack}, rounds=1, iterations=1,
     )
     if smoke:
         return
     benchmark.extra_info.update(result)
-    write_report(_report_dir(), device, {"prefill": result})
+    write_report(_report_dir(), device, {"prefill": {shape.name: result}})
     torch.cuda.empty_cache()
 
 
@@ -470,9 +531,10 @@ def test_bench_runners_smoke_cpu(benchmark, tmp_path: Path) -> None:
 
     def both() -> dict[str, Any]:
         return {
-            "decode": run_decode(device, TINY_MODEL, (2,), prompt_len=4, max_context_len=16,
-                                 budget=SMOKE_BUDGET),
-            "prefill": run_prefill(device, TINY_MODEL, (8,), (2,), budget=SMOKE_BUDGET),
+            "decode": {"tiny": run_decode(device, TINY_MODEL, (2,), prompt_len=4,
+                                          max_context_len=16, budget=SMOKE_BUDGET)},
+            "prefill": {"tiny": run_prefill(device, TINY_MODEL, (8,), (2,),
+                                            budget=SMOKE_BUDGET)},
         }
 
     benchmark.group = "runners-smoke-cpu"
@@ -484,10 +546,11 @@ def test_bench_runners_smoke_cpu(benchmark, tmp_path: Path) -> None:
         REPORT.clear()
         REPORT.update(saved)
     written = json.loads((tmp_path / "bench_runners.json").read_text())
-    assert written["decode"]["results"][0]["batch_size"] == 2
-    assert [(r["tokens"], r["requests"]) for r in written["prefill"]["results"]] == [(8, 2)]
+    assert written["decode"]["tiny"]["results"][0]["batch_size"] == 2
+    prefill = written["prefill"]["tiny"]["results"]
+    assert [(r["tokens"], r["requests"]) for r in prefill] == [(8, 2)]
     timed = ("eager_us", "graph_us", "breakable_us", "full_graph_us", "break_host_us")
-    for row in report["decode"]["results"] + report["prefill"]["results"]:
+    for row in report["decode"]["tiny"]["results"] + report["prefill"]["tiny"]["results"]:
         assert all(row[k] > 0 for k in timed if k in row), row
     # The fake keeps no device time, but the profile saw every break of the 2-layer stack.
-    assert report["prefill"]["results"][0]["breaks"] == TINY_MODEL.num_layers
+    assert report["prefill"]["tiny"]["results"][0]["breaks"] == TINY_MODEL.num_layers

@@ -1,0 +1,215 @@
+"""Write ``bench.md`` and PNG plots from the benchmarks' JSON files.
+
+``python -m tests.bench.make_report [DIR]`` (default ``reports``; ``nox -s bench`` runs it) reads
+what the benchmarks wrote there (``bench_runners.json``, ``breakable_overhead.json``,
+``break_copies.json``, ``bench_registry_cuda.json``, ``bench_capture.json``, ``bench_fake.json``,
+``nox_cpu.json``), and writes ``DIR/bench.md``: one table per benchmark with its target, the
+measured figure and whether it meets the target, headed by the GPU, torch and CUDA versions and
+the date of the run. With matplotlib installed it also writes ``prefill_latency.png`` (latency
+against token count: eager, breakable, full graph, torch.compile) and
+``segment_overhead.png`` (the library's cost per segment against the number of segments). A
+missing file leaves its section out.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _load(folder: Path, name: str) -> dict[str, Any] | None:
+    path = folder / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _verdict(ok: bool) -> str:
+    return "pass" if ok else "**short**"
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return [*lines, ""]
+
+
+def _overhead(data: dict[str, Any]) -> list[str]:
+    target = data["target_us_per_segment"]
+    rows = [[r["segments"], f"{r['host_overhead_us_per_segment']:+.3f}",
+             f"{r['end_to_end_overhead_us_per_segment']:+.3f}", f"<= {target}",
+             _verdict(r["host_overhead_us_per_segment"] <= target)] for r in data["results"]]
+    return ["## 1. Breakable replay overhead per segment (vs a hand loop of the same graphs)", "",
+            *_table(["segments", "host us/segment", "end-to-end us/segment", "target",
+                     "verdict"], rows)]
+
+
+def _copies(data: dict[str, Any]) -> list[str]:
+    counts, breaks = data["launches_per_replay"], data["breaks"]
+    ok = (counts["into_result"] == counts["into_argument"]
+          and counts["fresh"] == counts["into_result"] + breaks)
+    rows = [[name, count] for name, count in counts.items()]
+    return ["## 2. What a break launches (device activities per replay, "
+            f"{breaks} breaks)", "",
+            *_table(["break returns", "kernels + copies"], rows),
+            f"Target: no copy when the break writes into its result or an argument, one per "
+            f"break for a fresh result: {_verdict(ok)}.", ""]
+
+
+def _registry(data: dict[str, Any]) -> list[str]:
+    ratio = data["ratio_registry_over_naive"]
+    reg, naive = data["registry"], data["naive"]
+    rows = [["host us per fill", f"{reg['median_us']:.1f}", f"{naive['median_us']:.1f}",
+             f"{ratio:.2f}", "<= 0.5", _verdict(ratio <= 0.5)],
+            ["GPU kernels per fill", reg.get("gpu_kernels_per_fill", "-"),
+             naive.get("gpu_kernels_per_fill", "-"), "", "one per dtype group", ""]]
+    return ["## 3. Registry `fill_from` (decode registry, hybrid SWA) vs a naive per-field loop",
+            "", *_table(["", "registry", "naive", "ratio", "target", "verdict"], rows)]
+
+
+def _end_to_end(data: dict[str, Any]) -> list[str]:
+    out = ["## 4. End to end on the reference models (bf16)", ""]
+    rows = []
+    for name, section in data.get("decode", {}).items():
+        first = section["results"][0]
+        rows.append([name, *(f"{r['eager_over_graph']:.2f}x" for r in section["results"]),
+                     _verdict(first["eager_over_graph"] >= 3.0)])
+    if rows:
+        out += ["Decode, eager / full graph (target: at least 3x at batch 1):", "",
+                *_table(["model", "bs 1", "bs 8", "bs 32", "verdict"], rows)]
+    for name, section in data.get("prefill", {}).items():
+        rows = []
+        for r in section["results"]:
+            small, large = r["tokens"] <= 128, r["tokens"] >= 512
+            ok = ((not small or r["eager_over_breakable"] >= 2.0)
+                  and (not large or r["breakable_over_full_graph"] <= 1.3))
+            compiled = (f"{r['breakable_over_compiled']:.2f} ({r['compile_s']:.1f} s)"
+                        if "compiled_us" in r else "-")
+            rows.append([r["tokens"], r["requests"], f"{r['eager_us']:.0f}",
+                         f"{r['breakable_us']:.0f}", f"{r['full_graph_us']:.0f}",
+                         f"{r['eager_over_breakable']:.2f}",
+                         f"{r['breakable_over_full_graph']:.2f}",
+                         f"{r['breakable_minus_full_per_break_us']:.1f}",
+                         f"{r.get('break_host_us', 0):.1f}", compiled, _verdict(ok)])
+        out += [f"Prefill, {name} (targets: eager/breakable >= 2 up to 128 tokens, "
+                "breakable/full <= 1.3 from 512):", ""]
+        if "compile_error" in section:
+            out += [f"torch.compile did not run: `{section['compile_error']}`", ""]
+        out += _table(["tokens", "reqs", "eager us", "breakable us", "full graph us",
+                       "eager/brk", "brk/full", "us per break over full", "break host us",
+                       "brk/compiled (compile s)", "verdict"], rows)
+    return out
+
+
+def _capture(data: dict[str, Any]) -> list[str]:
+    ratio = data["ladder_over_largest"]
+    rows = [[len(data["ladder"]), f"{data['ladder_pool_bytes'] / 2**20:.1f}",
+             f"{data['largest_alone_pool_bytes'] / 2**20:.1f}", f"{ratio:.3f}", "<= 1.25",
+             _verdict(ratio <= 1.25)]]
+    times = [[r["tokens"], f"{r['breakable_s']:.3f}", f"{r['full_graph_s']:.3f}",
+              f"{r['breakable_over_full_graph']:.2f}"] for r in data["capture_seconds"]]
+    return ["## 5. Pool memory and capture time (prefill model)", "",
+            *_table(["ladder sizes", "ladder pool MiB", "largest alone MiB", "ratio", "target",
+                     "verdict"], rows),
+            *_table(["tokens", "breakable capture s", "full graph capture s", "ratio"], times)]
+
+
+def _fake(data: dict[str, Any] | None, nox_cpu: dict[str, Any] | None) -> list[str]:
+    out = ["## 6. The fake (simulator figures, not GPU figures)", ""]
+    if data:
+        out += [f"Host {data['host']} ({data['cpus']} CPUs), torch {data['torch']}: "
+                f"{data['recorded_ops']} recorded ops; capture {data['capture_ops_per_s']:.0f} "
+                f"ops/s, replay {data['replay_ops_per_s']:.0f} ops/s.", ""]
+    if nox_cpu:
+        minutes = nox_cpu["seconds"] / 60
+        out += [f"`nox -s cpu` wall time on {nox_cpu['cpus']} cores: {minutes:.1f} min "
+                f"(target under 10): {_verdict(minutes < 10)}.", ""]
+    return out
+
+
+def _plots(folder: Path, runners: dict[str, Any] | None, overhead: dict[str, Any] | None,
+           ) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written = []
+    prefill = (runners or {}).get("prefill", {})
+    # The first model's panel, and the torch.compile model's beside it when that is another.
+    panels = list(prefill.items())[:1] + [
+        (name, sec) for name, sec in list(prefill.items())[1:]
+        if any("compiled_us" in r for r in sec["results"])
+    ]
+    if panels:
+        fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+        for ax, (label, sec) in zip(axes[0], panels, strict=True):
+            rows = [r for r in sec["results"] if r["requests"] == 1]
+            tokens = [r["tokens"] for r in rows]
+            for key, legend in (("eager_us", "eager"), ("breakable_us", "breakable"),
+                                ("full_graph_us", "full graph"), ("compiled_us", "torch.compile")):
+                if rows and all(key in r for r in rows):
+                    ax.plot(tokens, [r[key] / 1e3 for r in rows], marker="o", label=legend)
+            ax.set(xscale="log", yscale="log", xlabel="prefill tokens (1 request)",
+                   ylabel="ms per step", title=label)
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(folder / "prefill_latency.png", dpi=110)
+        plt.close(fig)
+        written.append("prefill_latency.png")
+    if overhead:
+        rows = overhead["results"]
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        segments = [r["segments"] for r in rows]
+        ax.plot(segments, [r["host_overhead_us_per_segment"] for r in rows], marker="o",
+                label="host")
+        ax.plot(segments, [r["end_to_end_overhead_us_per_segment"] for r in rows], marker="s",
+                label="end to end")
+        ax.axhline(overhead["target_us_per_segment"], color="grey", linestyle="--",
+                   label="target")
+        ax.set(xlabel="segments", ylabel="us per segment over the hand loop",
+               title="breakable replay overhead")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(folder / "segment_overhead.png", dpi=110)
+        plt.close(fig)
+        written.append("segment_overhead.png")
+    return written
+
+
+def make_report(folder: Path) -> Path:
+    """Write ``folder/bench.md`` (and the plots) from the JSON files in ``folder``."""
+    runners = _load(folder, "bench_runners.json")
+    overhead = _load(folder, "breakable_overhead.json")
+    copies = _load(folder, "break_copies.json")
+    registry = _load(folder, "bench_registry_cuda.json")
+    capture = _load(folder, "bench_capture.json")
+    fake, nox_cpu = _load(folder, "bench_fake.json"), _load(folder, "nox_cpu.json")
+    head = next((d for d in (capture, overhead, runners) if d), {})
+    lines = ["# Benchmarks", "",
+             f"GPU: {head.get('device', 'none')}; torch {head.get('torch', '?')}, CUDA "
+             f"{head.get('cuda', '?')}; {head.get('date', '?')}. Ratios compare variants "
+             "measured in the same process, medians of interleaved repetitions.", ""]
+    if overhead:
+        lines += _overhead(overhead)
+    if copies:
+        lines += _copies(copies)
+    if registry:
+        lines += _registry(registry)
+    if runners:
+        lines += _end_to_end(runners)
+    if capture:
+        lines += _capture(capture)
+    if fake or nox_cpu:
+        lines += _fake(fake, nox_cpu)
+    for plot in _plots(folder, runners, overhead):
+        lines += [f"![{plot}]({plot})", ""]
+    path = folder / "bench.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+if __name__ == "__main__":
+    print(make_report(Path(sys.argv[1] if len(sys.argv) > 1 else "reports")))

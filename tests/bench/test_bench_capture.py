@@ -1,0 +1,125 @@
+"""Benchmark: graph-pool memory of a whole token ladder, and capture time per size.
+
+On the prefill model of ``test_bench_runners`` (dense, 24 layers, hidden 2048, bf16):
+
+- **Pool bytes.** The breakable prefill runner captures the engines' token ladder up to
+  ``LADDER_MAX`` tokens (:func:`impl.default_prefill_sizes`, largest first) into one shared
+  pool; another runner captures the largest size alone. Each pool's bytes are the caching
+  allocator's segments that belong to it (``torch.cuda.memory_snapshot()``). Capturing largest
+  first lets every smaller size re-use the blocks the larger one freed (``BCG-12``), so the
+  ladder should cost little more than its largest member. Target: at most 1.25x.
+- **Capture seconds per size**, breakable against a full graph of the same step (attention
+  inside, captured for one request of that many tokens), each with two warmups.
+
+Writes ``bench_capture.json`` under ``$BENCH_REPORT_DIR`` (default ``reports``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import impl
+from impl.models import ForwardMode
+from impl.runners import BreakableCudaGraphRunner, ModelRunner
+
+from .test_bench_runners import PREFILL_MODEL, _capture_full_graph, _prompts
+
+LADDER_MAX = 2048
+CAPTURE_TIME_TOKENS = (16, 128, 512, 2048)
+POOL_TARGET = 1.25
+
+
+def _pool_bytes(pool: Any) -> int:
+    """Bytes of the caching allocator's segments that belong to ``pool``."""
+    wanted = tuple(pool)
+    return sum(
+        segment["total_size"] for segment in torch.cuda.memory_snapshot()
+        if tuple(segment.get("segment_pool_id", ())) == wanted
+    )
+
+
+def _model_runner(device: impl.CudaDevice, model: torch.nn.Module) -> ModelRunner:
+    return ModelRunner(model, device=device, max_running_requests=4, max_total_tokens=LADDER_MAX,
+                       decode_cuda_graph=False, prefill="eager", max_context_len=LADDER_MAX)
+
+
+def _pool_for(device: impl.CudaDevice, model: torch.nn.Module, sizes: list[int]) -> int:
+    runner = _model_runner(device, model)
+    prefill = BreakableCudaGraphRunner(runner, capture_num_tokens=sizes)
+    torch.cuda.synchronize()
+    used = _pool_bytes(runner.graph_pool)
+    del prefill, runner
+    torch.cuda.empty_cache()
+    return used
+
+
+def run_capture(device: impl.CudaDevice) -> dict[str, Any]:
+    with torch.no_grad():
+        model = PREFILL_MODEL.build(device)
+        ladder = impl.default_prefill_sizes(LADDER_MAX)
+        ladder_bytes = _pool_for(device, model, ladder)
+        largest_bytes = _pool_for(device, model, [ladder[-1]])
+        times = []
+        for tokens in CAPTURE_TIME_TOKENS:
+            runner = _model_runner(device, model)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            BreakableCudaGraphRunner(runner, capture_num_tokens=[tokens])
+            torch.cuda.synchronize()
+            breakable_s = time.perf_counter() - start
+            request = runner.new_request(_prompts(1, tokens, PREFILL_MODEL.vocab_size, tokens)[0])
+            batch = runner._batch(ForwardMode.EXTEND, [request], [request.prompt])
+            start = time.perf_counter()
+            captured = _capture_full_graph(device, runner, batch, device.Stream())
+            torch.cuda.synchronize()
+            full_s = time.perf_counter() - start
+            times.append({"tokens": tokens, "breakable_s": breakable_s, "full_graph_s": full_s,
+                          "breakable_over_full_graph": breakable_s / full_s})
+            del captured, runner
+            torch.cuda.empty_cache()
+    ratio = ladder_bytes / largest_bytes
+    return {
+        "model": PREFILL_MODEL.describe(),
+        "ladder": ladder,
+        "ladder_pool_bytes": ladder_bytes,
+        "largest_alone_pool_bytes": largest_bytes,
+        "ladder_over_largest": ratio,
+        "target": f"ladder / largest alone <= {POOL_TARGET}",
+        "meets_target": ratio <= POOL_TARGET,
+        "capture_seconds": times,
+    }
+
+
+@pytest.mark.gpu
+def test_bench_capture_memory_and_time(benchmark) -> None:
+    device = impl.CudaDevice()
+    benchmark.group = "capture"
+    if getattr(benchmark, "disabled", False):
+        pytest.skip("a measurement only: it captures a 42-size ladder of a 24-layer model")
+    result = benchmark.pedantic(run_capture, args=(device,), rounds=1, iterations=1)
+    report = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **result,
+    }
+    benchmark.extra_info.update(report)
+    out_dir = Path(os.environ.get("BENCH_REPORT_DIR", "reports"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench_capture.json").write_text(json.dumps(report, indent=2))
+    mib = result["ladder_pool_bytes"] / 2**20
+    print(f"\npool: ladder of {len(result['ladder'])} sizes {mib:.1f} MiB, largest alone "
+          f"{result['largest_alone_pool_bytes'] / 2**20:.1f} MiB, ratio "
+          f"{result['ladder_over_largest']:.3f}")
+    for row in result["capture_seconds"]:
+        print(f"capture {row['tokens']:>5} tokens: breakable {row['breakable_s']:.3f} s, "
+              f"full graph {row['full_graph_s']:.3f} s")

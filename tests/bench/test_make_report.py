@@ -1,0 +1,74 @@
+"""The benchmark report: every section from synthetic JSON, verdicts against the targets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .make_report import make_report
+
+HEAD = {"device": "Test GPU", "torch": "2.11.0", "cuda": "13.0", "date": "2026-11-25"}
+
+
+def _prefill_row(tokens: int, eager: float, breakable: float, full: float) -> dict:
+    return {"tokens": tokens, "requests": 1, "eager_us": eager, "breakable_us": breakable,
+            "full_graph_us": full, "eager_over_breakable": eager / breakable,
+            "breakable_over_full_graph": breakable / full,
+            "breakable_minus_full_per_break_us": (breakable - full) / 8, "break_host_us": 20.0}
+
+
+def _write(folder: Path, name: str, data: dict) -> None:
+    (folder / name).write_text(json.dumps(data))
+
+
+def test_report_has_every_section_and_marks_what_falls_short(tmp_path: Path) -> None:
+    _write(tmp_path, "breakable_overhead.json", {**HEAD, "target_us_per_segment": 0.3, "results": [
+        {"segments": 9, "host_overhead_us_per_segment": 0.2,
+         "end_to_end_overhead_us_per_segment": 0.25},
+        {"segments": 49, "host_overhead_us_per_segment": 0.4,
+         "end_to_end_overhead_us_per_segment": 0.5},
+    ]})
+    _write(tmp_path, "break_copies.json", {"launches_per_replay": {
+        "into_result": 5, "into_argument": 5, "fresh": 7}, "breaks": 2})
+    _write(tmp_path, "bench_registry_cuda.json", {
+        "registry": {"median_us": 40.0, "gpu_kernels_per_fill": 9},
+        "naive": {"median_us": 100.0, "gpu_kernels_per_fill": 17},
+        "ratio_registry_over_naive": 0.4})
+    _write(tmp_path, "bench_runners.json", {**HEAD, "decode": {"dense 8x1024": {"results": [
+        {"batch_size": bs, "eager_over_graph": ratio} for bs, ratio in
+        ((1, 2.5), (8, 4.0), (32, 3.0))]}}, "prefill": {"dense 24x2048": {"results": [
+            _prefill_row(16, 3000.0, 1000.0, 900.0), _prefill_row(512, 4000.0, 2000.0, 1000.0)]}}})
+    _write(tmp_path, "bench_capture.json", {
+        **HEAD, "ladder": [16, 32], "ladder_pool_bytes": 110 * 2**20,
+        "largest_alone_pool_bytes": 100 * 2**20, "ladder_over_largest": 1.1,
+        "capture_seconds": [{"tokens": 16, "breakable_s": 0.2, "full_graph_s": 0.1,
+                             "breakable_over_full_graph": 2.0}]})
+    _write(tmp_path, "bench_fake.json", {"host": "x86_64", "cpus": 2, "torch": "2.13.0",
+                                          "recorded_ops": 279, "capture_ops_per_s": 1e4,
+                                          "replay_ops_per_s": 8e4})
+    _write(tmp_path, "nox_cpu.json", {"seconds": 420.0, "cpus": 2})
+
+    text = make_report(tmp_path).read_text()
+
+    assert "Test GPU" in text and "torch 2.11.0" in text and "CUDA 13.0" in text
+    for heading in ("## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6."):
+        assert heading in text, heading
+    lines = text.splitlines()
+
+    def row(start: str) -> str:
+        return next(line for line in lines if line.startswith(start))
+
+    assert row("| 9 |").endswith("| pass |")
+    assert row("| 49 |").endswith("| **short** |")  # 0.4 us per segment over 0.3
+    assert "one per break for a fresh result: pass" in text
+    assert row("| host us per fill |").endswith("| pass |")
+    assert row("| dense 8x1024 |").endswith("| **short** |")  # 2.5x at batch 1, under 3x
+    assert row("| 16 | 1 |").endswith("| pass |")
+    assert row("| 512 | 1 |").endswith("| **short** |")  # 2.0x the full graph, over 1.3x
+    assert row("| 2 |").endswith("| pass |")  # pool ladder 1.1x
+    assert "7.0 min (target under 10): pass" in text
+
+
+def test_report_without_results_says_so(tmp_path: Path) -> None:
+    text = make_report(tmp_path).read_text()
+    assert "GPU: none" in text and "## 1." not in text
