@@ -295,7 +295,7 @@ class TorchAttentionBackend:
         self.kv_cache.set_kv_buffer(layer_id, batch.out_cache_loc, k, v)
         if batch.forward_mode.is_decode():
             return self._decode(q, layer_id)
-        return self._extend(q, layer_id)
+        return self._extend(q, k, v, layer_id)
 
     def _keys(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
         k_buf, v_buf = self.kv_cache.get_kv_buffer(layer_id)
@@ -349,19 +349,29 @@ class TorchAttentionBackend:
             )
         return applies
 
-    def _extend(self, q: torch.Tensor, layer_id: int) -> torch.Tensor:
+    def _extend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int
+    ) -> torch.Tensor:
         if self._flash_applies(q, self.kv_cache.is_swa_layer(layer_id)):
-            return self._extend_flash(q, layer_id)
+            return self._extend_flash(q, k, v, layer_id)
         return self._extend_torch(q, layer_id)
 
-    def _extend_flash(self, q: torch.Tensor, layer_id: int) -> torch.Tensor:
-        """All requests in one varlen call: keys gathered once per layer in request order;
-        causal masking aligned to each request's end covers the cached prefix."""
+    def _extend_flash(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int
+    ) -> torch.Tensor:
+        """All requests in one varlen call: with a cached prefix, keys gathered from the cache
+        once per layer in request order (else this step's ``k``/``v``); causal masking aligned
+        to each request's end covers the prefix."""
         meta = self._require_metadata()
-        k_buf, v_buf, swa = self._keys(layer_id)
-        mapping = self.kv_cache.full_to_swa_index_mapping if swa else None  # type: ignore[attr-defined]
-        locs = meta.extend_key_locs(mapping)
-        k, v = k_buf.index_select(0, locs), v_buf.index_select(0, locs)
+        if any(meta.extend_prefix_lens):
+            k_buf, v_buf, swa = self._keys(layer_id)
+            mapping = self.kv_cache.full_to_swa_index_mapping if swa else None  # type: ignore[attr-defined]
+            locs = meta.extend_key_locs(mapping)
+            k, v = k_buf.index_select(0, locs), v_buf.index_select(0, locs)
+        else:
+            # Nothing cached before this step: the keys are this step's, already packed in
+            # request order, and just written to the cache; no gather needed.
+            swa = self.kv_cache.is_swa_layer(layer_id)
         op, _ = _flash_varlen()  # type: ignore[misc]
         window = {}
         if swa:
