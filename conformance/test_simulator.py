@@ -553,14 +553,17 @@ def test_user_exception_inside_a_capture(device: fakes.FakeDevice) -> None:
 
 
 @pytest.mark.clause("CAP-1")
-def test_reset_during_a_capture_aborts_it(device: fakes.FakeDevice) -> None:
+def test_reset_during_a_capture_is_refused(device: fakes.FakeDevice) -> None:
     g = device.CUDAGraph()
     stream = device.Stream()
     with device.stream(stream):
         g.capture_begin()
         _ = torch.ones(2) + 1
-        g.reset()
-        assert g.state == "empty"
+        with pytest.raises(spec.ResetDuringCapture):
+            g.reset()
+        assert g.state == "capturing"
+        g.capture_end()
+    assert g.state == "ready"
     assert_clean_and_working(device, stream)
 
 

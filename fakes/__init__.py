@@ -6,10 +6,11 @@ CUDA-graph capture (recording, not executing), replay, memory pools and their ha
 """
 
 import spec as _spec
+from spec import GraphState
 
 from ._allocator import FakePool, is_poisoned, poison_value
 from ._device import FakeDevice, FakeDeviceInfo, WeakTensorRef
-from ._graph import FakeCUDAGraph, GraphState
+from ._graph import FakeCUDAGraph
 from ._mode import Recorder
 from ._ops import OpInfo, OpKind, classify_op, register_op_handler
 from ._streams import FakeEvent, FakeStream

@@ -18,6 +18,7 @@ from spec.errors import (
     DefaultStreamCapture,
     FreedMemoryAccess,
     GraphError,
+    GraphNotEmpty,
     GraphNotReady,
     NestedCapture,
     PoolClobber,
@@ -25,7 +26,7 @@ from spec.errors import (
     UnjoinedStream,
     UnsupportedInCapture,
 )
-from spec.protocol import CaptureErrorMode, check_capture_error_mode
+from spec.protocol import CaptureErrorMode, GraphState, check_capture_error_mode
 
 from ._allocator import Block, FakePool, external_label
 from ._compat import no_python_dispatch, remove_dispatch_mode
@@ -255,7 +256,7 @@ class FakeDevice:
         host reads of data such as ``.item()``) raise in every mode (``FAKE-9``, ``CAP-2``).
 
         If the body raises, the capture is aborted (the device is clean, ``CAP-1``) and the
-        exception propagates; the graph is left ``"failed"`` until ``reset()``.
+        exception propagates; the graph is left ``FAILED`` until ``reset()`` (``LIFE-1``).
         """
         if not isinstance(cuda_graph, FakeCUDAGraph) or cuda_graph._device is not self:
             raise TypeError(f"cuda_graph must be a CUDAGraph of {self!r}, got {cuda_graph!r}")
@@ -267,7 +268,7 @@ class FakeDevice:
             try:
                 yield cuda_graph
             except BaseException as exc:
-                if cuda_graph._state == "capturing":
+                if cuda_graph._state is GraphState.CAPTURING:
                     err = CaptureInvalidated(
                         "capture aborted by an exception in the captured code",
                         detail=type(exc).__name__,
@@ -430,13 +431,14 @@ class FakeDevice:
         check_capture_error_mode(capture_error_mode)
         if self._capture is not None:
             raise NestedCapture(detail=f"{self._capture.graph!r} is capturing")
-        if graph._state != "empty":
-            raise CaptureError(f"{graph!r} already holds a capture; call reset() first")
+        if graph._state is not GraphState.EMPTY:
+            raise GraphNotEmpty(f"capture_begin() on {graph!r}; reset() it first",
+                                state=graph._state)
         stream = self.current_stream()
         if stream._is_default:
             raise DefaultStreamCapture()
         if pool is None:
-            pool = graph.pool()
+            pool = self._new_pool(f"private pool of {graph!r}")
         elif not isinstance(pool, FakePool):
             raise TypeError(
                 "pool must be a token from graph_pool_handle() or CUDAGraph.pool() of this "
@@ -452,7 +454,7 @@ class FakeDevice:
         graph._capture = cap
         graph._pool = pool
         graph._serial = serial
-        graph._state = "capturing"
+        graph._state = GraphState.CAPTURING
         graph._error = None
         mode = RecordingMode(self, cap)
         cap.mode = mode
@@ -460,11 +462,11 @@ class FakeDevice:
 
     def _end_capture(self, graph: FakeCUDAGraph) -> None:
         self._sweep()
-        if graph._state == "failed":
+        if graph._state is GraphState.FAILED:
             assert graph._error is not None
             raise graph._error
         cap = graph._capture
-        if graph._state != "capturing" or cap is None:
+        if graph._state is not GraphState.CAPTURING or cap is None:
             raise CaptureError(f"capture_end() on {graph!r}, which is not capturing")
         if cap.unjoined:
             err = UnjoinedStream(tuple(repr(s) for s in cap.unjoined))
@@ -475,7 +477,7 @@ class FakeDevice:
         self._close(cap)
         graph._program = program
         graph._capture = None
-        graph._state = "ready"
+        graph._state = GraphState.READY
         self._captures += 1
 
     def _abort_capture(self, graph: FakeCUDAGraph, error: BaseException) -> None:
@@ -492,7 +494,7 @@ class FakeDevice:
         graph._capture = None
         graph._program = None
         graph._pool = None
-        graph._state = "failed"
+        graph._state = GraphState.FAILED
         graph._error = error
         self._aborted += 1
 
@@ -512,8 +514,8 @@ class FakeDevice:
 
     def _replay(self, graph: FakeCUDAGraph) -> None:
         self._sweep()
-        if graph._state != "ready" or graph._program is None:
-            raise GraphNotReady(f"replay() on {graph!r}")
+        if graph._state is not GraphState.READY or graph._program is None:
+            raise GraphNotReady(f"replay() on {graph!r}", state=graph._state)
         cap = self._capture
         if cap is not None and self.current_stream()._capture is cap:
             raise self._fail_capture(

@@ -1,8 +1,8 @@
 """The fake ``CUDAGraph``: capture into a recorded program, replay it against current memory.
 
-A graph is in one of four states: ``"empty"`` (new or ``reset()``), ``"capturing"``,
-``"ready"`` (a complete capture), ``"failed"`` (a capture error or an exception in the captured
-code aborted the capture; ``reset()`` before capturing again).
+A graph is in one of the four states of :class:`spec.GraphState` (``LIFE-1``): ``EMPTY`` (new or
+``reset()``), ``CAPTURING``, ``READY`` (a complete capture), ``FAILED`` (a capture error or an
+exception in the captured code aborted the capture; ``reset()`` before capturing again).
 
 Replay, in order:
 
@@ -19,11 +19,18 @@ Replay, in order:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from spec.errors import CaptureError, FreedMemoryAccess, GraphNotReady, PoolClobber
+from spec.errors import (
+    FreedMemoryAccess,
+    GraphNotReady,
+    PoolClobber,
+    PoolNotReady,
+    ResetDuringCapture,
+)
+from spec.protocol import GraphState
 
 from ._allocator import Block, FakePool, MemRef, WeakMemory, WriteStamp
 from ._compat import no_python_dispatch
@@ -36,7 +43,6 @@ if TYPE_CHECKING:
 
 __all__ = ["FakeCUDAGraph", "GraphState"]
 
-GraphState = Literal["empty", "capturing", "ready", "failed"]
 
 
 class Program:
@@ -176,7 +182,7 @@ class FakeCUDAGraph:
         if not hasattr(type(self), "_device"):
             raise TypeError("create graphs with device.CUDAGraph(), not FakeCUDAGraph()")
         self.keep_graph = keep_graph
-        self._state: GraphState = "empty"
+        self._state = GraphState.EMPTY
         self._pool: FakePool | None = None
         self._capture: Capture | None = None
         self._program: Program | None = None
@@ -185,7 +191,7 @@ class FakeCUDAGraph:
 
     @property
     def state(self) -> GraphState:
-        """``"empty"``, ``"capturing"``, ``"ready"`` or ``"failed"`` (module docstring)."""
+        """``EMPTY``, ``CAPTURING``, ``READY`` or ``FAILED`` (``LIFE-1``, module docstring)."""
         return self._state
 
     def capture_begin(
@@ -194,8 +200,8 @@ class FakeCUDAGraph:
         """Begin capturing work issued on the current stream.
 
         Raises ``NestedCapture`` while another capture is active (``CAP-4``),
-        ``DefaultStreamCapture`` on the default stream (``CAP-3``), :class:`CaptureError` if
-        this graph already holds a capture (``reset()`` it first), ``ValueError`` for an unknown
+        ``DefaultStreamCapture`` on the default stream (``CAP-3``), ``GraphNotEmpty`` unless
+        the graph is ``EMPTY`` (``reset()`` it first, ``LIFE-2``), ``ValueError`` for an unknown
         ``capture_error_mode`` and ``TypeError``/``ValueError`` for a ``pool`` that is not a
         pool token of this device.
         """
@@ -220,33 +226,33 @@ class FakeCUDAGraph:
         self._device._replay(self)
 
     def reset(self) -> None:
-        """Drop the recorded work and release the graph's hold on its pool (a capture in
-        progress is aborted). The graph can capture again afterwards."""
-        if self._state == "capturing":
-            self._device._abort_capture(self, CaptureError("capture aborted by reset()"))
+        """Drop the recorded work and release the graph's hold on its pool: ``EMPTY``.
+        ``ResetDuringCapture`` while the graph captures, changing nothing (``LIFE-3``)."""
+        if self._state is GraphState.CAPTURING:
+            raise ResetDuringCapture("reset() during the graph's capture", state=self._state)
         self._program = None
         self._pool = None
         self._error = None
-        self._state = "empty"
+        self._state = GraphState.EMPTY
 
     def pool(self) -> FakePool:
-        """This graph's pool token, for later captures that should share its memory. Before
-        the first capture, this creates the graph's private pool."""
-        if self._pool is None:
-            self._pool = self._device._new_pool(f"private pool of {self!r}")
+        """This graph's pool token, for later captures that should share its memory;
+        ``PoolNotReady`` unless the graph is ``READY`` (``LIFE-4``)."""
+        if self._state is not GraphState.READY or self._pool is None:
+            raise PoolNotReady("pool() of a graph without a complete capture", state=self._state)
         return self._pool
 
     def instantiate(self) -> None:
         """A no-op on a ready graph (the fake needs no instantiation); ``GraphNotReady``
         otherwise."""
-        if self._state != "ready":
-            raise GraphNotReady(f"instantiate() on a graph in state {self._state!r}")
+        if self._state is not GraphState.READY:
+            raise GraphNotReady("instantiate()", state=self._state)
 
     @property
     def program(self) -> Program:
         """The recorded program; ``GraphNotReady`` without a complete capture."""
         if self._program is None:
-            raise GraphNotReady(f"graph in state {self._state!r} has no recorded program")
+            raise GraphNotReady("no recorded program", state=self._state)
         return self._program
 
     def __repr__(self) -> str:

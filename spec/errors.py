@@ -23,11 +23,15 @@ __all__ = [
     "DefaultStreamCapture",
     "FreedMemoryAccess",
     "GraphError",
+    "GraphNotEmpty",
     "GraphNotReady",
+    "GraphStateError",
     "MetadataNotUpgraded",
     "NestedCapture",
     "PoolClobber",
+    "PoolNotReady",
     "ReplayError",
+    "ResetDuringCapture",
     "StreamRace",
     "SyncDuringCapture",
     "UnjoinedStream",
@@ -63,6 +67,27 @@ def _rebuild(cls: type[GraphError], args: tuple[Any, ...], state: dict[str, Any]
     RuntimeError.__init__(err, *args)
     err.__dict__.update(state)
     return err
+
+
+# ---------------------------------------------------------------------------------------------
+# Lifecycle family (a graph method called in a state that does not allow it)
+# ---------------------------------------------------------------------------------------------
+
+
+class GraphStateError(GraphError):
+    """A graph method was called in a lifecycle state (``spec.GraphState``) that does not allow
+    it; nothing was changed. One leaf per misuse: :class:`GraphNotEmpty` (capture into a graph
+    that holds one), :class:`ResetDuringCapture`, :class:`PoolNotReady`, :class:`GraphNotReady`
+    (replay without a complete capture). ``state`` is the graph's state when it was raised."""
+
+    clause = "LIFE-1"
+
+    def __init__(self, message: str = "", *, state: str | None = None,
+                 detail: str | None = None) -> None:
+        self.state = None if state is None else str(state)
+        if message and self.state is not None:
+            message = f"{message} (graph is {self.state})"
+        super().__init__(message, detail=detail)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,15 +189,42 @@ class UnsupportedInCapture(CaptureError):
 # ---------------------------------------------------------------------------------------------
 
 
+class GraphNotEmpty(CaptureError, GraphStateError):
+    """A capture was begun into a graph that already holds one (``READY``) or a failed one
+    (``FAILED``). Nothing was begun: the graph keeps its state, and a capture in progress
+    elsewhere is not disturbed. ``reset()`` the graph first, or capture into a new graph
+    (``LIFE-2``)."""
+
+    clause = "LIFE-2"
+
+
+class ResetDuringCapture(GraphStateError):
+    """``reset()`` was called on a graph while its own capture is in progress. Nothing changed:
+    the capture goes on and ends (or aborts) as it would have. Leave the capture first
+    (``capture_end()``, or the end of the ``graph()`` / breakable-capture block), then reset
+    (``LIFE-3``)."""
+
+    clause = "LIFE-3"
+
+
+class PoolNotReady(GraphStateError):
+    """``pool()`` was called on a graph that holds no complete capture (``EMPTY``,
+    ``CAPTURING`` or ``FAILED``). A graph's pool token exists once it is ``READY``, as with
+    ``torch.cuda.CUDAGraph.pool()``; to share a pool from the start, pass a
+    ``graph_pool_handle()`` token to every capture (``LIFE-4``)."""
+
+    clause = "LIFE-4"
+
+
 class ReplayError(GraphError):
     """A captured graph could not be replayed correctly."""
 
     clause = "RPL-1"
 
 
-class GraphNotReady(ReplayError):
+class GraphNotReady(ReplayError, GraphStateError):
     """``replay()`` was called on a graph with no complete capture (never captured, reset, or
-    left partial by an exception during capture). Capture it (again) first."""
+    left ``FAILED`` by an error during capture). Capture it (again) first."""
 
     clause = "RPL-2"
 

@@ -22,6 +22,7 @@ Semantics every implementation keeps:
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
@@ -33,6 +34,7 @@ __all__ = [
     "DeviceModule",
     "EventLike",
     "GraphLike",
+    "GraphState",
     "PoolHandle",
     "StreamLike",
     "check_capture_error_mode",
@@ -54,6 +56,36 @@ def check_capture_error_mode(value: object) -> CaptureErrorMode:
             f"capture_error_mode must be one of {_CAPTURE_ERROR_MODES}, got {value!r}"
         )
     return value  # type: ignore[return-value]
+
+
+class GraphState(str, enum.Enum):
+    """Where a graph is in its lifecycle (``LIFE-1``); the ``state`` of every graph, a device's
+    ``CUDAGraph`` and a breakable graph alike.
+
+    ``EMPTY`` -- new, or ``reset()``: nothing recorded, no pool held. Only ``EMPTY`` captures.
+
+    ``CAPTURING`` -- from the start of its capture until the capture ends or is aborted.
+    ``reset()`` raises :class:`~spec.ResetDuringCapture` and changes nothing (``LIFE-3``).
+
+    ``READY`` -- a complete capture: ``replay()`` runs it, ``pool()`` returns its pool token
+    (``LIFE-4``); capturing again raises :class:`~spec.GraphNotEmpty` (``LIFE-2``).
+
+    ``FAILED`` -- its capture raised (a capture error, or an exception in the captured code); the
+    partial graph holds nothing that can run, and its pool blocks are released. ``replay()``
+    raises :class:`~spec.GraphNotReady`, capturing again :class:`~spec.GraphNotEmpty`, until
+    ``reset()``.
+
+    ``reset()`` from ``READY`` or ``FAILED`` (or ``EMPTY``) leaves the graph ``EMPTY``. The values
+    are strings (``GraphState.READY == "ready"``), so states compare and print as their names.
+    """
+
+    EMPTY = "empty"
+    CAPTURING = "capturing"
+    READY = "ready"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 PoolHandle = Any
@@ -105,28 +137,37 @@ class EventLike(Protocol):
 
 @runtime_checkable
 class GraphLike(Protocol):
-    """A captured graph (``torch.cuda.CUDAGraph``'s shape)."""
+    """A captured graph (``torch.cuda.CUDAGraph``'s shape), with the lifecycle of
+    :class:`GraphState` (``LIFE-1``)."""
+
+    @property
+    def state(self) -> GraphState:
+        """Where the graph is in its lifecycle (see :class:`GraphState`)."""
 
     def capture_begin(
         self, pool: PoolHandle | None = None, capture_error_mode: CaptureErrorMode = "global"
     ) -> None:
         """Begin capturing work issued on the *current* stream, which must not be the default
-        stream (``CAP-3``), with no other capture active (``CAP-4``). Allocations during capture
-        come from ``pool`` (or the graph's private pool)."""
+        stream (``CAP-3``), with no other capture active (``CAP-4``), into an ``EMPTY`` graph
+        (:class:`GraphNotEmpty` otherwise, ``LIFE-2``). Allocations during capture come from
+        ``pool`` (or the graph's private pool)."""
 
     def capture_end(self) -> None:
-        """End the capture. Raises a :class:`spec.errors.CaptureError` if the capture was
-        invalidated; the device is usable afterwards either way (``CAP-1``)."""
+        """End the capture: ``READY``. Raises a :class:`spec.errors.CaptureError` if the capture
+        was invalidated (the graph is then ``FAILED``); the device is usable afterwards either
+        way (``CAP-1``)."""
 
     def replay(self) -> None:
-        """Run the recorded work on the current stream (``RPL-1``); :class:`GraphNotReady` without
-        a complete capture (``RPL-2``)."""
+        """Run the recorded work on the current stream (``RPL-1``); :class:`GraphNotReady` unless
+        ``READY`` (``RPL-2``)."""
 
     def reset(self) -> None:
-        """Drop the recorded work and release the graph's hold on its pool."""
+        """Drop the recorded work and release the graph's hold on its pool: ``EMPTY``.
+        :class:`ResetDuringCapture` while the graph captures (``LIFE-3``)."""
 
     def pool(self) -> PoolHandle:
-        """The pool token of this graph, for later captures that should share its memory."""
+        """The pool token of a ``READY`` graph, for later captures that should share its memory;
+        :class:`PoolNotReady` in any other state (``LIFE-4``)."""
 
 
 @runtime_checkable

@@ -74,12 +74,12 @@ def test_graph_with_a_capture_must_be_reset_first(device) -> None:
     x = torch.zeros(2, device=device.device)
     graph = BreakableCUDAGraph(device)
     assert not graph.is_ready and graph.num_segments == 0
-    with pytest.raises(spec.GraphNotReady):
+    with pytest.raises(spec.PoolNotReady):
         graph.pool()
     with BreakableCUDAGraphCapture(graph):
         _plus1(x)
     assert graph.is_ready
-    with pytest.raises(ValueError), BreakableCUDAGraphCapture(graph):
+    with pytest.raises(spec.GraphNotEmpty), BreakableCUDAGraphCapture(graph):
         pass
     graph.reset()
     assert (graph.num_segments, graph.num_breaks, graph.is_ready) == (0, 0, False)

@@ -17,6 +17,8 @@ from spec import (
     CaptureError,
     CaptureErrorMode,
     DeviceModule,
+    GraphNotEmpty,
+    GraphState,
     NestedCapture,
     PoolHandle,
     StreamLike,
@@ -56,7 +58,8 @@ class BreakableCUDAGraphCapture:
     """Context manager capturing its body into a :class:`~impl.BreakableCUDAGraph`.
 
     Arguments:
-        graph: the breakable graph to fill; it must hold no capture (``reset()`` it first).
+        graph: the breakable graph to fill; it must be ``EMPTY`` (``reset()`` it first;
+            :class:`spec.GraphNotEmpty` otherwise, ``LIFE-2``).
         pool: pool token every segment allocates from (``device.graph_pool_handle()`` or another
             graph's ``pool()``); ``None`` makes a fresh one, available as ``graph.pool()``.
         stream: the capture stream; ``None`` uses one side stream per device, shared by all
@@ -134,14 +137,15 @@ class BreakableCUDAGraphCapture:
 
     def __enter__(self) -> BreakableCUDAGraph:
         graph, device = self.graph, self.device
-        if graph._state != "empty":
-            raise ValueError(
-                f"graph already holds a {graph._state} capture; call graph.reset() first"
-            )
         # Refuse before touching any stream: a synchronize or fork on a capturing stream would
         # invalidate the capture in progress (CAP-4).
         if ACTIVE_CAPTURE.get() is not None or device.is_current_stream_capturing():
             raise NestedCapture()
+        if graph.state is not GraphState.EMPTY:
+            raise GraphNotEmpty(
+                "BreakableCUDAGraphCapture into a graph that holds a capture; call "
+                "graph.reset() first", state=graph.state,
+            )
         stream = self.stream if self.stream is not None else default_capture_stream(device)
         pool = self.pool if self.pool is not None else device.graph_pool_handle()
         self.stream, self.pool = stream, pool
@@ -282,7 +286,7 @@ class BreakableCUDAGraphCapture:
     def _abort_if_open(self) -> None:
         # Registered with the exit stack on entry, so it runs on every exit; it has work to do
         # only when __enter__ itself failed after the stream hook was installed.
-        if self._open_segment is not None or self.graph._state == "capturing":
+        if self._open_segment is not None or self.graph.state is GraphState.CAPTURING:
             ctx, self._open_segment = self._open_segment, None
             try:
                 if ctx is not None:

@@ -11,18 +11,24 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-from spec import DeviceModule, GraphLike, GraphNotReady, PoolHandle
+from spec import (
+    DeviceModule,
+    GraphLike,
+    GraphNotReady,
+    GraphState,
+    PoolHandle,
+    PoolNotReady,
+    ResetDuringCapture,
+)
 
 from ._breakable_state import REPLAY
 from ._graph_break import GraphBreak
 
 __all__ = ["BreakableCUDAGraph"]
-
-_State = Literal["empty", "capturing", "ready", "partial"]
 
 # One counter for the whole process: a replay id names one replay of one graph uniquely.
 _REPLAY_IDS = itertools.count(1)
@@ -61,6 +67,13 @@ class BreakableCUDAGraph:
     the larger one freed (``BCG-12``). Break inputs and capture-time results are held strongly
     by the graph (``BCG-7``) and stay allocated until :meth:`reset` or the graph is dropped.
 
+    **Lifecycle** (``LIFE-1``): :attr:`state` is a :class:`spec.GraphState`, as for a device
+    graph: ``EMPTY`` until :class:`~impl.BreakableCUDAGraphCapture` begins, ``CAPTURING`` for its
+    body, then ``READY``, or ``FAILED`` if the capture raised. Capturing into a graph that is not
+    ``EMPTY`` raises :class:`spec.GraphNotEmpty` (``LIFE-2``), :meth:`reset` during the capture
+    :class:`spec.ResetDuringCapture` (``LIFE-3``), :meth:`pool` before ``READY``
+    :class:`spec.PoolNotReady` (``LIFE-4``).
+
     .. warning::
         ``replay()`` after a failed or interrupted capture raises :class:`spec.GraphNotReady`
         until ``reset()`` and a new capture (``BCG-10``).
@@ -73,7 +86,7 @@ class BreakableCUDAGraph:
         self._breaks: list[GraphBreak] = []
         self._calls: tuple[Callable[[], Any], ...] | None = None
         self._pool: PoolHandle | None = None
-        self._state: _State = "empty"
+        self._state = GraphState.EMPTY
 
     # -- read-only views ------------------------------------------------------------------------
 
@@ -105,15 +118,22 @@ class BreakableCUDAGraph:
         return len(self._breaks)
 
     @property
+    def state(self) -> GraphState:
+        """Where the graph is in its lifecycle (``LIFE-1``; see the class docstring)."""
+        return self._state
+
+    @property
     def is_ready(self) -> bool:
         """Whether a complete capture is held, so that :meth:`replay` may run."""
-        return self._state == "ready"
+        return self._state is GraphState.READY
 
     def pool(self) -> PoolHandle:
         """The pool token all segments allocate from; pass it as ``pool=`` to another capture
-        to share memory. :class:`GraphNotReady` before the first capture began."""
-        if self._pool is None:
-            raise GraphNotReady("this breakable graph has no pool yet: capture it first")
+        to share memory. :class:`spec.PoolNotReady` unless the graph is ``READY``
+        (``LIFE-4``)."""
+        if self._state is not GraphState.READY or self._pool is None:
+            raise PoolNotReady("pool() of a breakable graph without a complete capture",
+                               state=self._state)
         return self._pool
 
     def __repr__(self) -> str:
@@ -139,7 +159,8 @@ class BreakableCUDAGraph:
             raise GraphNotReady(
                 "breakable graph has no complete capture"
                 + (" (its capture failed; reset() it and capture again)"
-                   if self._state == "partial" else "")
+                   if self._state is GraphState.FAILED else ""),
+                state=self._state,
             )
         token = REPLAY.set((self._device, next(_REPLAY_IDS)))
         try:
@@ -150,14 +171,18 @@ class BreakableCUDAGraph:
 
     def reset(self) -> None:
         """Drop the segments (releasing their hold on the pool), the breaks and the objects they
-        held; the graph can then be captured again."""
-        if self._state == "capturing":
-            raise RuntimeError("reset() during this graph's capture; leave the capture first")
+        held: ``EMPTY``, ready to be captured again. :class:`spec.ResetDuringCapture` during
+        the graph's capture, changing nothing (``LIFE-3``)."""
+        if self._state is GraphState.CAPTURING:
+            raise ResetDuringCapture(
+                "reset() during this breakable graph's capture; leave the capture first",
+                state=self._state,
+            )
         segments, self._segments = self._segments, []
         self._breaks = []
         self._calls = None
         self._pool = None
-        self._state = "empty"
+        self._state = GraphState.EMPTY
         for segment in segments:
             segment.reset()
 
@@ -171,7 +196,7 @@ class BreakableCUDAGraph:
 
     def _begin_capture(self, pool: PoolHandle) -> None:
         self._pool = pool
-        self._state = "capturing"
+        self._state = GraphState.CAPTURING
 
     def _finish_capture(self) -> None:
         """Precompute the flat list replay walks: no lookups or allocations per replay beyond
@@ -184,15 +209,16 @@ class BreakableCUDAGraph:
                 if call is not None:
                     calls.append(call)
         self._calls = tuple(calls)
-        self._state = "ready"
+        self._state = GraphState.READY
 
     def _fail_capture(self) -> None:
-        """Leave the partial-capture state: segments reset (their pool blocks released), held
-        objects dropped, replay refused until reset() and a new capture."""
+        """Make the graph ``FAILED``: segments reset (their pool blocks released), held objects
+        and the pool dropped, replay refused until reset() and a new capture."""
         segments, self._segments = self._segments, []
         self._breaks = []
         self._calls = None
-        self._state = "partial"
+        self._pool = None
+        self._state = GraphState.FAILED
         for segment in segments:
             try:
                 segment.reset()

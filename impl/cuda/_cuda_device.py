@@ -52,9 +52,13 @@ from spec import (
     CaptureInvalidated,
     DefaultStreamCapture,
     GraphError,
+    GraphNotEmpty,
     GraphNotReady,
+    GraphState,
     NestedCapture,
     PoolHandle,
+    PoolNotReady,
+    ResetDuringCapture,
     SyncDuringCapture,
     UnjoinedStream,
     check_capture_error_mode,
@@ -275,15 +279,30 @@ class _CudaGraph(torch.cuda.CUDAGraph):
       an invalidated capture) becomes :class:`UnjoinedStream` / :class:`CaptureInvalidated` with
       the torch error as ``__cause__``, after the allocator has been released (``CAP-1``).
     - ``replay`` raises :class:`GraphNotReady` without a complete capture (``RPL-2``).
+    - :attr:`state` is a :class:`spec.GraphState` (``LIFE-1``): ``FAILED`` after a failed
+      capture until ``reset()``; capturing into a graph that is not ``EMPTY`` raises
+      :class:`GraphNotEmpty`, ``reset()`` during its capture :class:`ResetDuringCapture`, and
+      ``pool()`` before ``READY`` :class:`PoolNotReady`, each before touching CUDA
+      (``LIFE-2`` .. ``LIFE-4``).
     """
 
     def __init__(self, keep_graph: bool = False) -> None:
         super().__init__(keep_graph)
         self.keep_graph = bool(keep_graph)
         self._ready = False
+        self._failed = False
         self._pool: PoolHandle | None = None
         self._capture_stream: torch.cuda.Stream | None = None
         self._device_index = 0
+
+    @property
+    def state(self) -> GraphState:
+        """Where the graph is in its lifecycle (``LIFE-1``), from this object's own fields."""
+        if self._capture_stream is not None:
+            return GraphState.CAPTURING
+        if self._ready:
+            return GraphState.READY
+        return GraphState.FAILED if self._failed else GraphState.EMPTY
 
     def capture_begin(
         self,
@@ -294,14 +313,15 @@ class _CudaGraph(torch.cuda.CUDAGraph):
         check_capture_error_mode(capture_error_mode)
         if _capture_in_progress():
             raise NestedCapture()
+        state = self.state
+        if state is not GraphState.EMPTY:
+            raise GraphNotEmpty("capture_begin() on a CUDA graph; reset() it first", state=state)
         stream = torch.cuda.current_stream()
         if stream == torch.cuda.default_stream():
             raise DefaultStreamCapture()
         # An explicit token even for a private pool, so that a failed capture_end can be undone
         # in the allocator (torch's own private-pool id is not readable before capture_end).
         pool = torch.cuda.graph_pool_handle() if pool is None else pool
-        if self._ready:
-            raise CaptureError("this graph already holds a capture; reset() it first")
         try:
             super().capture_begin(pool=pool, capture_error_mode=capture_error_mode, **kwargs)
         except RuntimeError as error:
@@ -341,17 +361,30 @@ class _CudaGraph(torch.cuda.CUDAGraph):
         with contextlib.suppress(Exception):
             super().reset()
         self._ready = False
+        self._failed = True
+
+    def _mark_failed(self) -> None:
+        """``FAILED`` after the captured body raised and the partial graph was reset (called by
+        ``CudaDevice.graph``), so the lifecycle matches a failed ``capture_end`` (``LIFE-1``)."""
+        self._ready = False
+        self._failed = True
 
     def replay(self) -> None:
         if not self._ready:
-            raise GraphNotReady()
+            raise GraphNotReady(state=self.state)
         super().replay()
 
     def reset(self) -> None:
+        if self._capture_stream is not None:
+            raise ResetDuringCapture("reset() during the graph's capture", state=self.state)
         self._ready = False
+        self._failed = False
         super().reset()
 
     def pool(self) -> PoolHandle:
+        if not self._ready:
+            raise PoolNotReady("pool() of a CUDA graph without a complete capture",
+                               state=self.state)
         if self._pool is not None:
             return self._pool
         return super().pool()
@@ -431,6 +464,7 @@ class _CaptureContext:
                 pass  # the body's failure invalidated the capture; report the body's error
             else:
                 self._graph.reset()  # a partial graph must not replay (RPL-2)
+                self._graph._mark_failed()  # ... and is FAILED until reset() (LIFE-1)
         finally:
             self._stream_ctx.__exit__(None, None, None)
         translated = _translate(exc, at_end=False)
