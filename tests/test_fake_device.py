@@ -83,3 +83,88 @@ def test_host_constants_parameters_and_inference_mode(device: fakes.FakeDevice) 
     assert torch.equal(z, torch.full((1, 3), 2.0))
     with torch.inference_mode():
         g.replay()
+
+
+# ---------------------------------------------------------------------------------------------
+# Stream order: the mechanics behind ORD-1 .. ORD-5
+# ---------------------------------------------------------------------------------------------
+
+
+def _modes() -> int:
+    return torch._C._len_torch_dispatch_stack()
+
+
+def test_stream_bodies_push_one_order_mode_and_take_it_off(device: fakes.FakeDevice) -> None:
+    base = _modes()
+    a, b = device.Stream(), device.Stream()
+    with device.stream(a):
+        assert _modes() == base + 1
+        with device.stream(b), device.stream(a):
+            assert _modes() == base + 1, "a nested stream body pushed a second mode"
+    assert _modes() == base
+    with pytest.raises(KeyError), device.stream(a):
+        raise KeyError("the body failed")
+    assert _modes() == base, "the mode stayed after the body raised"
+
+
+def test_capture_begun_in_a_stream_body_and_ended_after_it(device: fakes.FakeDevice) -> None:
+    # The stream body's mode sits below the recorder; it leaves first and the recorder works on.
+    base = _modes()
+    g = device.CUDAGraph()
+    x = torch.ones(2)
+    s = device.Stream()
+    with device.stream(s):
+        g.capture_begin()
+        y = x + 1
+    with device.stream(s):
+        z = y * 3
+        g.capture_end()
+    assert _modes() == base
+    assert fakes.is_poisoned(z), "the capture ran its ops"
+    x.fill_(2.0)
+    g.replay()
+    assert z.tolist() == [9.0, 9.0]
+
+
+def test_freed_memory_forgets_its_writer(device: fakes.FakeDevice) -> None:
+    a, b = device.Stream(), device.Stream()
+    with device.stream(a):
+        x = torch.ones(4)
+        x.add_(1)
+    del x
+    gc.collect()
+    with device.stream(b):
+        y = torch.zeros(4)  # may land on x's old address: fresh memory, nobody's write
+        y.add_(1)
+    assert y.tolist() == [1.0] * 4
+
+
+def test_a_pool_block_keeps_its_writer_across_allocations(device: fakes.FakeDevice) -> None:
+    # Graphs sharing a pool re-use each other's blocks; the memory is the same, so a replay on
+    # another stream writing a block that a replay on the first stream wrote is a race.
+    a, b = device.Stream(), device.Stream()
+    pool = device.graph_pool_handle()
+    x = torch.ones(256)
+    g1, g2 = device.CUDAGraph(), device.CUDAGraph()
+    with device.graph(g1, pool=pool, stream=a):
+        (x * 2).sum()  # a temporary, freed at once
+    with device.graph(g2, pool=pool, stream=a):
+        out = x * 3  # re-uses the temporary's block
+    with device.stream(a):
+        g1.replay()
+    with device.stream(b), pytest.raises(spec.StreamRace):
+        g2.replay()
+    b.wait_stream(a)
+    with device.stream(b):
+        g2.replay()
+    device.synchronize()
+    assert out.tolist() == [3.0] * 256
+
+
+def test_a_host_read_synchronizes_with_its_stream(device: fakes.FakeDevice) -> None:
+    a, b = device.Stream(), device.Stream()
+    with device.stream(a):
+        x = torch.full((2,), 5.0)
+        assert x.sum().item() == 10.0  # the host waited for a's work so far
+    with device.stream(b):
+        assert (x + 1).tolist() == [6.0, 6.0]
