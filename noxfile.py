@@ -1,6 +1,8 @@
-"""Sessions: ``cpu`` (default), ``gpu``, ``bench``, ``conformance`` (the main job) and ``lint``.
+"""Sessions: ``cpu`` (default), ``plugin``, ``gpu``, ``bench``, ``conformance`` (the main job)
+and ``lint``.
 
-``cpu``, ``bench``, ``conformance`` and ``lint`` build a virtualenv. The torch they install is
+``cpu``, ``plugin``, ``bench``, ``conformance`` and ``lint`` build a virtualenv (``plugin`` a
+fresh one every time). The torch they install is
 ``$CUDAGRAPH_TORCH`` (default ``torch==2.13.0``, a CPU build these machines install from a local
 wheel; set e.g. ``CUDAGRAPH_TORCH="torch --index-url <your CPU wheel index>"`` elsewhere, never
 the multi-GB CUDA build on a CPU runner). ``gpu`` runs in the current interpreter
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
+from pathlib import Path
 
 import nox
 
@@ -25,7 +29,7 @@ def _install(session: nox.Session, *extras: str) -> None:
     """Install torch and the project (editable, with ``extras``) unless running without a venv."""
     if session.venv_backend == "none":
         return
-    session.install(*shlex.split(os.environ.get("CUDAGRAPH_TORCH", "torch==2.13.0")))
+    session.install(*_torch_spec())
     suffix = f"[{','.join(extras)}]" if extras else ""
     session.install("-e", f".{suffix}")
 
@@ -38,6 +42,10 @@ def _pytest(session: nox.Session, *args: str) -> None:
 
 def _conformance(session: nox.Session, *args: str) -> None:
     session.run("python", "-m", "conformance", f"--report-dir={REPORTS}", *args)
+
+
+def _torch_spec() -> list[str]:
+    return shlex.split(os.environ.get("CUDAGRAPH_TORCH", "torch==2.13.0"))
 
 
 @nox.session
@@ -53,6 +61,39 @@ def cpu(session: nox.Session) -> None:
         "--backend=examples.toy_engine:make_adapter",
         "--xfail-file=examples/toy_engine.xfail",
     )
+    # A correct engine that makes different choices: every core clause passes, and only strict
+    # tests fail (listed in its xfail file; a strict failure not listed fails the run).
+    _conformance(session, "--backend=examples.engine_registry:make_adapter", "--level=core")
+    _conformance(
+        session,
+        "--backend=examples.engine_registry:make_adapter",
+        "--level=strict",
+        "--xfail-file=examples/engine_registry.xfail",
+    )
+
+
+@nox.session(venv_backend="venv", reuse_venv=False)
+def plugin(session: nox.Session) -> None:
+    """The installed ``pytest11`` plugin is inert in an unrelated project: a fresh virtualenv
+    (``python -m venv``, no system site-packages) with the package installed without extras runs
+    ``examples/plugin_inert`` green, once with the project's own hypothesis profile (which must
+    stay loaded) and once with hypothesis made unimportable (the plugin must not import it)."""
+    session.install(*_torch_spec())
+    session.install(".")  # no extras, not editable: what a user's environment has
+    src = Path("examples/plugin_inert")
+    work = Path(session.create_tmp()) / "unrelated_project"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    for name in ("test_unrelated.py", "conftest.py"):
+        shutil.copy(src / name, work / name)
+    (work / "pytest.ini").write_text("[pytest]\n")  # its own rootdir, not this project's
+    blocker = (src / "no_hypothesis").resolve()
+    with session.chdir(work):
+        session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                    env={"HOST_USES_HYPOTHESIS": "1"})
+        session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                    "-p", "no:hypothesispytest",
+                    env={"HOST_USES_HYPOTHESIS": "0", "PYTHONPATH": str(blocker)})
 
 
 @nox.session(venv_backend="none")

@@ -2,13 +2,17 @@
 
 Usage::
 
-    python -m conformance [--backend NAME] [--report-dir DIR] [--xfail-file PATH] [-- PYTEST_ARGS]
+    python -m conformance [--backend NAME] [--level core|strict|all] [--report-dir DIR]
+                          [--xfail-file PATH] [-- PYTEST_ARGS]
 
 ``NAME`` is ``fake`` (the default, or ``$CONFORMANCE_BACKEND``), ``cuda``, or ``module:factory``
-for a third party's adapter. The report (``conformance.md``, ``conformance.json``) goes to
-``DIR`` (``reports/`` by default) and a clause summary is printed. The exit status is pytest's
-(run in a fresh interpreter). A backend that cannot be loaded is one error line and exit
-status 2, before any test runs.
+for a third party's adapter. ``--level`` selects the tests: ``core`` (what engines depend on for
+correct results), ``strict`` (the reference's stronger promises) or ``all`` (the default). The
+report (``conformance.md``, ``conformance.json``: each clause's core and strict status side by
+side) goes to ``DIR`` (``reports/`` by default) and a clause summary is printed. The exit status
+is pytest's over the selected levels (run in a fresh interpreter): a strict failure does not
+fail ``--level core``. A backend that cannot be loaded is one error line and exit status 2,
+before any test runs.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import subprocess
 import sys
 
 from ._backend import load_backend
-from .plugin import DEFAULT_BACKEND, ENV_VAR
+from .plugin import DEFAULT_BACKEND, ENV_VAR, LEVEL_CHOICES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help=f"'fake', 'cuda' or 'module:factory' (default: ${ENV_VAR}, else "
         f"'{DEFAULT_BACKEND}')",
+    )
+    parser.add_argument(
+        "--level",
+        default="all",
+        choices=LEVEL_CHOICES,
+        help="which tests run: 'core', 'strict' or 'all' (default); the exit status follows them",
     )
     parser.add_argument(
         "--report-dir", default="reports", metavar="DIR", help="where the report goes (reports/)"
@@ -60,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         "--pyargs", "conformance",
         f"--backend={args.backend}",
         f"--report-dir={args.report_dir}",
+        f"--conformance-level={args.level}",
         "-q",
         *([f"--xfail-file={args.xfail_file}"] if args.xfail_file else []),
         *extra,

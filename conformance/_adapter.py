@@ -1,10 +1,11 @@
-"""The adapter: what an implementation under test provides to the conformance suite.
+"""What an implementation under test provides to the conformance suite: its parts and the names
+each part must have.
 
 An engine team points the suite at its own code with ``--backend module:factory``; ``factory()``
-returns an :class:`Adapter` naming the parts it implements. Each part is optional except the
-device: tests that need a missing part are skipped with a reason naming it, and collection never
-breaks. The built-in backends ``fake`` and ``cuda`` are the reference implementation ``impl`` on
-those devices.
+returns a :class:`conformance.Backend`, built with :func:`conformance.Adapter` naming the parts
+it implements. Each part is optional except the device: tests that need a missing part are
+skipped with a reason naming it, and collection never breaks. The built-in backends ``fake`` and
+``cuda`` are the reference implementation ``impl`` on those devices.
 
 Parts, and the names each must provide (a module, a class instance or a ``SimpleNamespace``):
 
@@ -16,31 +17,29 @@ Parts, and the names each must provide (a module, a class instance or a ``Simple
   names (:data:`RUNNER_OPTIONAL_NAMES`); scenarios plug them into ``impl.ModelRunner`` over the
   reference models and KV cache, and skip, naming what is missing, the ones they need.
 
-For compatibility a factory may also return a bare device module: that is an adapter with only a
-device part.
+A part may also leave out *builder features* an engine does not have (the SWA slot of the
+registry builders, mamba or encoder slots): the suite probes them and skips, with the reason,
+the scenarios that need them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, Final, Literal
-
-from spec import DeviceModule
+from typing import Final, Literal
 
 __all__ = [
     "BREAKABLE_NAMES",
+    "PARTS",
     "REGISTRY_NAMES",
     "RUNNER_NAMES",
     "RUNNER_OPTIONAL_NAMES",
-    "Adapter",
     "Part",
-    "check_part",
 ]
 
 Part = Literal["registry", "breakable", "runners"]
-"""Optional parts of an adapter; a test that needs one asks for its fixture (``registry_api``,
-``breakable_api``) and is skipped, with the reason, where the adapter lacks it."""
+"""Optional parts of a backend; a test that needs one asks for its fixture (``registry_api``,
+``breakable_api``, ``runner_api``) and is skipped, with the reason, where the backend lacks it."""
+
+PARTS: Final[tuple[Part, ...]] = ("registry", "breakable", "runners")
 
 REGISTRY_NAMES: Final = (
     "CudaGraphBufferRegistry",
@@ -81,54 +80,7 @@ RUNNER_OPTIONAL_NAMES: Final = (
 """Runner names a ``runners`` part may add (the breakable prefill runner, the manager); tests
 needing one it lacks are skipped with the name."""
 
-_REQUIRED: Final = {
+REQUIRED_NAMES: Final[dict[Part, tuple[str, ...]]] = {
     "registry": REGISTRY_NAMES, "breakable": BREAKABLE_NAMES, "runners": RUNNER_NAMES,
 }
-
-
-@dataclass(frozen=True)
-class Adapter:
-    """An implementation under test.
-
-    Arguments:
-        device: zero-argument factory of the device module the scenarios run on.
-        registry, breakable, runners: the optional parts (``None`` when not provided).
-        capabilities: what the device can show beyond the protocol (see
-            :data:`conformance.Capability`); tests needing an absent one are skipped.
-        isolate_failures: run scenarios that may poison the process (capture errors on CUDA)
-            in a subprocess. A third party's device is isolated unless it says otherwise.
-        name: shown in reports; defaults to the ``--backend`` value.
-    """
-
-    device: Callable[[], DeviceModule]
-    registry: Any = None
-    breakable: Any = None
-    runners: Any = None
-    capabilities: Iterable[str] = field(default=())
-    isolate_failures: bool = True
-    name: str | None = None
-
-    def __post_init__(self) -> None:
-        if not callable(self.device):
-            raise TypeError(
-                f"Adapter.device must be a zero-argument factory of a device module, "
-                f"got {self.device!r}"
-            )
-        for part, names in _REQUIRED.items():
-            value = getattr(self, part)
-            if value is None:
-                continue
-            missing = [n for n in names if not hasattr(value, n)]
-            if missing:
-                raise TypeError(f"Adapter.{part} lacks {', '.join(missing)}")
-        object.__setattr__(self, "capabilities", frozenset(self.capabilities))
-
-
-def check_part(adapter: Adapter, part: Part, backend_name: str) -> Any:
-    """The adapter's ``part``; :func:`pytest.skip` naming the backend and part when absent."""
-    value = getattr(adapter, part)
-    if value is None:
-        import pytest
-
-        pytest.skip(f"backend {backend_name!r} provides no {part} API")
-    return value
+"""Per part, the names it must provide."""

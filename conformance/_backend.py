@@ -1,24 +1,33 @@
 """Backends of the conformance suite: what ``--backend`` names, and what each one can show.
 
-A :class:`Backend` is a name, a factory for the device module, the *capabilities* that decide
-which tests apply, and the implementation parts under test (registry, breakable graphs, runners).
-``fake`` and ``cuda`` are built in and test the reference implementation ``impl``;
-``module:factory`` names a callable returning a :class:`conformance.Adapter` (a third party's
-implementation) or, for a device alone, a device module (which may carry ``capabilities`` and
-``isolate_failures`` attributes). Only the name is needed to rebuild a backend in a subprocess.
+A :class:`Backend` is one frozen value: a name, a factory for the device module, the
+*capabilities* that decide which tests apply, and the implementation parts under test (registry,
+breakable graphs, runners). ``fake`` and ``cuda`` are built in and test the reference
+implementation ``impl``; ``module:factory`` names a callable returning a :class:`Backend` (a third
+party's implementation, built with :func:`Adapter`) or, for a device alone, a device module (which
+may carry ``capabilities`` and ``isolate_failures`` attributes). Only the name is needed to
+rebuild a backend in a subprocess.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Iterable
 from typing import Any, Final, Literal, get_args
 
 from spec import DeviceModule
 
-from ._adapter import Adapter
+from ._adapter import PARTS, REQUIRED_NAMES, Part
 
-__all__ = ["Backend", "Capability", "load_backend", "parse_backend_name"]
+__all__ = [
+    "Adapter",
+    "Backend",
+    "Capability",
+    "MissingPart",
+    "load_backend",
+    "parse_backend_name",
+]
 
 Capability = Literal[
     "hazard_errors",
@@ -28,6 +37,7 @@ Capability = Literal[
     "backend_errors",
     "node_count",
     "simulator",
+    "launch_structure",
     "stream_order",
 ]
 """What a backend can show, beyond the protocol every backend keeps:
@@ -48,9 +58,13 @@ Capability = Literal[
   ``device.cache_info()`` counts pools and blocks, and the op-handler registry
   (``fakes.register_op_handler``, ``fakes.classify_op``) decides what is recorded
   (``FAKE-1`` .. ``FAKE-12``).
-- ``stream_order``: an eager op or a replay that touches memory last written on another stream,
-  with no wait between them, raises :class:`spec.StreamRace` (``ORD-1`` .. ``ORD-5``); real CUDA
-  lets timing decide.
+- ``launch_structure``: the implementation's launch structure is a promise the suite may check
+  (the reference registry groups its copies into one foreach copy per dtype pair, ``REG-5``),
+  counted as the aten ops a fill dispatches (:class:`conformance.OpLog`). Not correctness: an
+  engine that copies slot by slot is still correct and does not declare it.
+- ``stream_order``: the device tracks which work each stream is ordered after and raises
+  :class:`spec.StreamRace` for an access that is not ordered (``ORD-*``) instead of letting
+  timing decide.
 """
 
 CAPABILITIES: Final[frozenset[str]] = frozenset(get_args(Capability))
@@ -58,78 +72,102 @@ CAPABILITIES: Final[frozenset[str]] = frozenset(get_args(Capability))
 BUILTIN_BACKENDS: Final = ("fake", "cuda")
 
 
+class MissingPart(LookupError):
+    """A scenario asked a backend for a part (``registry``, ``breakable``, ``runners``) it does
+    not provide. Tests ask through the part fixtures, which skip instead; a scenario never falls
+    back to ``impl`` silently."""
+
+
+def _no_device() -> DeviceModule:
+    raise TypeError("this Backend was built without a device factory")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Backend:
-    """One backend of a conformance run.
+    """One backend of a conformance run, and what a third party's ``factory()`` returns.
 
     Arguments:
-        name: what ``--backend`` said (``"fake"``, ``"cuda"``, ``"pkg.mod:factory"``).
+        name: what ``--backend`` said (``"fake"``, ``"cuda"``, ``"pkg.mod:factory"``); a
+            subprocess rebuilds the backend from it. :func:`Adapter` leaves it empty and
+            :func:`load_backend` fills it in.
         factory: zero-argument callable returning a :class:`spec.DeviceModule`.
         capabilities: names from :data:`Capability`; tests marked with a capability the backend
             lacks are skipped with the reason.
         isolate_failures: run scenarios that may leave the process unusable (capture errors on
             CUDA poison the context) in a fresh subprocess, as PyTorch's own tests do.
         registry, breakable, runners: the implementation parts under test (``None``: not
-            provided; tests needing the part are skipped with the reason).
-        label: the name reports show (an adapter's own name); ``name`` stays the ``--backend``
-            value, from which a subprocess rebuilds the backend.
+            provided; tests needing the part are skipped with the reason), each checked for the
+            names :mod:`conformance` lists for it (``REGISTRY_NAMES``, ...).
+        label: the name reports show (an adapter's own name); defaults to ``name``.
 
-    The device module is built on first use of :attr:`device` and shared by the whole run.
+    The device module is built on first use of :attr:`device` and shared by the whole run;
+    :meth:`make_device` builds a fresh one (an isolated subprocess does).
     """
 
-    def __init__(
-        self,
-        name: str,
-        factory: Callable[[], DeviceModule],
-        capabilities: Iterable[str] = (),
-        *,
-        isolate_failures: bool = False,
-        registry: Any = None,
-        breakable: Any = None,
-        runners: Any = None,
-        label: str | None = None,
-    ) -> None:
-        caps = frozenset(capabilities)
+    name: str
+    factory: Callable[[], DeviceModule]
+    capabilities: frozenset[str] = frozenset()
+    isolate_failures: bool = False
+    registry: Any = None
+    breakable: Any = None
+    runners: Any = None
+    label: str = ""
+    _shared: list[DeviceModule] = dataclasses.field(
+        default_factory=list, init=False, repr=False
+    )  # the run's device once built (a one-element cache; the fields above never change)
+
+    def __post_init__(self) -> None:
+        caps = frozenset(self.capabilities)
         unknown = caps - CAPABILITIES
+        who = self.label or self.name or "Adapter"
         if unknown:
             raise ValueError(
-                f"backend {name!r} declares unknown capabilities {sorted(unknown)}; "
+                f"backend {who!r}: unknown capabilities {sorted(unknown)}; "
                 f"known: {sorted(CAPABILITIES)}"
             )
-        if not callable(factory):
-            raise TypeError(f"factory of backend {name!r} must be callable, got {factory!r}")
-        self.name = name
-        self.label = label or name
-        self.factory = factory
-        self.capabilities = caps
-        self.isolate_failures = bool(isolate_failures)
-        self.registry = registry
-        self.breakable = breakable
-        self.runners = runners
-        self._device: DeviceModule | None = None
-
-    @classmethod
-    def from_adapter(cls, name: str, adapter: Adapter) -> Backend:
-        """The backend for a third party's :class:`Adapter`; ``name`` is the ``--backend`` value,
-        ``adapter.name`` (if any) the label reports show."""
-        return cls(
-            name,
-            adapter.device,
-            adapter.capabilities,
-            isolate_failures=adapter.isolate_failures,
-            registry=adapter.registry,
-            breakable=adapter.breakable,
-            runners=adapter.runners,
-            label=adapter.name,
-        )
-
-    def parts(self) -> tuple[str, ...]:
-        """The implementation parts this backend provides, for reports."""
-        names = ("registry", "breakable", "runners")
-        return tuple(p for p in names if getattr(self, p) is not None)
+        if not callable(self.factory):
+            raise TypeError(
+                f"backend {who!r}: the device must be a zero-argument factory of a device "
+                f"module, got {self.factory!r}"
+            )
+        for part in PARTS:
+            value = getattr(self, part)
+            if value is None:
+                continue
+            missing = [n for n in REQUIRED_NAMES[part] if not hasattr(value, n)]
+            if missing:
+                raise TypeError(f"backend {who!r}: the {part} part lacks {', '.join(missing)}")
+        object.__setattr__(self, "capabilities", caps)
+        object.__setattr__(self, "isolate_failures", bool(self.isolate_failures))
+        object.__setattr__(self, "label", self.label or self.name)
 
     def __repr__(self) -> str:
         caps = ", ".join(sorted(self.capabilities)) or "none"
-        return f"Backend({self.name!r}, capabilities: {caps})"
+        return f"Backend({self.name!r}, parts: {', '.join(self.parts()) or 'none'}, " \
+            f"capabilities: {caps})"
+
+    def parts(self) -> tuple[Part, ...]:
+        """The implementation parts this backend provides, for reports."""
+        return tuple(p for p in PARTS if getattr(self, p) is not None)
+
+    def part(self, part: Part) -> Any:
+        """The ``part`` under test; :class:`MissingPart` naming the backend and part when the
+        backend does not provide it."""
+        if part not in PARTS:
+            raise ValueError(f"part must be one of {PARTS}, got {part!r}")
+        value = getattr(self, part)
+        if value is None:
+            raise MissingPart(f"backend {self.label!r} provides no {part} part")
+        return value
+
+    def part_or_skip(self, part: Part) -> Any:
+        """The ``part`` under test; :func:`pytest.skip` naming the backend and part when absent."""
+        try:
+            return self.part(part)
+        except MissingPart as missing:
+            import pytest
+
+            pytest.skip(str(missing))
 
     def has(self, capability: str) -> bool:
         """Whether the backend declares ``capability`` (a :data:`Capability` name)."""
@@ -148,7 +186,7 @@ class Backend:
                 if not hasattr(device, name)
             ]
             raise TypeError(
-                f"backend {self.name!r}: factory returned {type(device).__name__}, not a device "
+                f"backend {self.label!r}: factory returned {type(device).__name__}, not a device "
                 f"module (missing e.g. {missing or 'some protocol members'})"
             )
         return device
@@ -156,9 +194,44 @@ class Backend:
     @property
     def device(self) -> DeviceModule:
         """The run's shared device module (built on first use)."""
-        if self._device is None:
-            self._device = self.make_device()
-        return self._device
+        if not self._shared:
+            self._shared.append(self.make_device())
+        return self._shared[0]
+
+
+def Adapter(  # a function: the constructor name third parties use, one type (Backend)
+    device: Callable[[], DeviceModule],
+    registry: Any = None,
+    breakable: Any = None,
+    runners: Any = None,
+    capabilities: Iterable[str] = (),
+    isolate_failures: bool = True,
+    name: str | None = None,
+) -> Backend:
+    """A third party's implementation under test, as the :class:`Backend` its factory returns.
+
+    Arguments:
+        device: zero-argument factory of the device module the scenarios run on.
+        registry, breakable, runners: the optional parts (``None`` when not provided).
+        capabilities: what the device can show beyond the protocol (see
+            :data:`conformance.Capability`); tests needing an absent one are skipped.
+        isolate_failures: run scenarios that may poison the process (capture errors on CUDA)
+            in a subprocess. A third party's device is isolated unless it says otherwise.
+        name: shown in reports; defaults to the ``--backend`` value.
+
+    :class:`TypeError` / :class:`ValueError` naming the problem for a device that is not
+    callable, a part lacking a name the suite needs, or an unknown capability.
+    """
+    return Backend(
+        name="",
+        factory=device,
+        capabilities=frozenset(capabilities),
+        isolate_failures=isolate_failures,
+        registry=registry,
+        breakable=breakable,
+        runners=runners,
+        label=name or "",
+    )
 
 
 def parse_backend_name(value: str) -> str:
@@ -184,8 +257,8 @@ def _fake() -> Backend:
     return Backend(
         "fake",
         lambda: spec.get_device("fake"),
-        ["hazard_errors", "exact_capture_errors", "aten_op_names", "unsupported_ops",
-         "node_count", "simulator", "stream_order"],
+        frozenset({"hazard_errors", "exact_capture_errors", "aten_op_names", "unsupported_ops",
+                   "node_count", "simulator", "launch_structure", "stream_order"}),
         registry=impl,
         breakable=impl,
         runners=impl,
@@ -198,17 +271,17 @@ def _cuda() -> Backend:
 
     # CudaDevice maps every capture failure the suite provokes onto its leaf class (checked on
     # an H200 with torch 2.11): exact assertions hold there too.
-    caps = ["backend_errors", "exact_capture_errors"]
+    caps = {"backend_errors", "exact_capture_errors", "launch_structure"}
     try:
         importlib.import_module("cuda.bindings.runtime")
     except ImportError:
         pass
     else:
-        caps.append("node_count")
+        caps.add("node_count")
     return Backend(
         "cuda",
         lambda: spec.get_device("cuda"),
-        caps,
+        frozenset(caps),
         isolate_failures=True,
         registry=impl,
         breakable=impl,
@@ -235,21 +308,21 @@ def _third_party(value: str) -> Backend:
         made = target()
     except Exception as error:
         raise ValueError(f"{attr}() raised {type(error).__name__}: {error}") from None
-    if isinstance(made, Adapter):
-        return Backend.from_adapter(value, made)
+    if isinstance(made, Backend):
+        return dataclasses.replace(made, name=value, label=made.label or value)
     if isinstance(made, DeviceModule):
         backend = Backend(
             value,
             target,
-            getattr(made, "capabilities", ()),
+            frozenset(getattr(made, "capabilities", ())),
             # A device of unknown robustness: keep the run alive if its failures poison it.
             isolate_failures=getattr(made, "isolate_failures", True),
         )
-        backend._device = made
+        backend._shared.append(made)
         return backend
     raise TypeError(
-        f"{attr}() returned {type(made).__name__}, expected a conformance.Adapter "
-        "(or a device module)"
+        f"{attr}() returned {type(made).__name__}, expected a conformance.Backend (built with "
+        "conformance.Adapter) or a device module"
     )
 
 
@@ -259,7 +332,7 @@ def load_backend(value: str) -> Backend:
     Builds no device yet for ``fake`` and ``cuda``; a third party's factory is called once, to
     check what it returns. :class:`ValueError` / :class:`TypeError` naming the problem for a bad
     name, a module that does not import, a factory that is missing, not callable or raises, or
-    one that returns neither an :class:`Adapter` nor a device module.
+    one that returns neither a :class:`Backend` nor a device module.
     """
     value = parse_backend_name(value)
     if value == "fake":

@@ -5,10 +5,12 @@ PyTorch runs such tests in a child process. :func:`run_scenario` does the same f
 with ``isolate_failures`` (CUDA): the child rebuilds the backend from its name, runs the scenario
 function, then checks that the device still captures and replays, and reports back as JSON.
 
-A scenario is a module-level function ``scenario(device, *args) -> JSON-able`` (named by
-``module:qualname`` for the child). What it raises is described by :class:`ErrorInfo`, which
-tests compare against spec classes by their qualified names (the child's classes are not the
-parent's objects).
+A scenario is a module-level function ``scenario(ctx, *args) -> JSON-able`` (named by
+``module:qualname`` for the child), given one :class:`ScenarioContext`: the device and the parts
+under test, built by :meth:`ScenarioContext.build` the same way in this process and in the child
+(there from the backend rebuilt by name, with a fresh device). What it raises is described by
+:class:`ErrorInfo`, which tests compare against spec classes by their qualified names (the
+child's classes are not the parent's objects).
 """
 
 from __future__ import annotations
@@ -27,9 +29,17 @@ import torch
 
 from spec import DeviceModule
 
+from ._adapter import Part
 from ._backend import Backend, load_backend
 
-__all__ = ["ErrorInfo", "Outcome", "describe_error", "device_works", "run_scenario"]
+__all__ = [
+    "ErrorInfo",
+    "Outcome",
+    "ScenarioContext",
+    "describe_error",
+    "device_works",
+    "run_scenario",
+]
 
 _MARKER = "@@conformance-outcome@@"
 _CHILD_TIMEOUT_S = 180
@@ -37,6 +47,43 @@ _CHILD_TIMEOUT_S = 180
 
 def _qualified(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+@dataclass(frozen=True)
+class ScenarioContext:
+    """What a scenario runs with: the backend under test and the device module to use.
+
+    ``device`` is the run's shared device in this process, a fresh one in an isolated child.
+    The parts come from the backend alone: :meth:`part` raises :class:`conformance.MissingPart`
+    for one it lacks (tests ask for the part fixture first, which skips), never falls back.
+    """
+
+    backend: Backend
+    device: DeviceModule
+
+    @classmethod
+    def build(cls, backend: Backend, *, fresh_device: bool = False) -> ScenarioContext:
+        """The context for ``backend``: its shared device, or a new one (``fresh_device``)."""
+        return cls(backend, backend.make_device() if fresh_device else backend.device)
+
+    def part(self, part: Part) -> Any:
+        """The backend's ``part`` (``"registry"``, ``"breakable"``, ``"runners"``)."""
+        return self.backend.part(part)
+
+    @property
+    def breakable(self) -> Any:
+        """The breakable-graph API under test (:meth:`part` ``("breakable")``)."""
+        return self.part("breakable")
+
+    @property
+    def registry(self) -> Any:
+        """The registry API under test (:meth:`part` ``("registry")``)."""
+        return self.part("registry")
+
+    @property
+    def runners(self) -> Any:
+        """The runners API under test (:meth:`part` ``("runners")``)."""
+        return self.part("runners")
 
 
 @dataclass(frozen=True)
@@ -78,7 +125,8 @@ def describe_error(error: BaseException | None) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What running a scenario gave.
+    """What running a scenario gave (a scenario's outcome; a test's result in the clause report
+    is a :data:`conformance.TestResult`).
 
     ``value`` is the scenario's return value (JSON-able), or ``None`` when it raised; ``error``
     describes what it raised; ``usable_after`` says whether the device captured and replayed a
@@ -143,13 +191,13 @@ def _resolve(name: str) -> Callable[..., Any]:
     return target
 
 
-def _run_here(device: DeviceModule, scenario: Callable[..., Any], args: tuple[Any, ...]) -> dict:
+def _run_here(ctx: ScenarioContext, scenario: Callable[..., Any], args: tuple[Any, ...]) -> dict:
     try:
-        value = scenario(device, *args)
+        value = scenario(ctx, *args)
         error = None
     except Exception as exc:
         value, error = None, exc
-    usable, detail = device_works(device)
+    usable, detail = device_works(ctx.device)
     return {
         "value": value,
         "error": describe_error(error),
@@ -176,7 +224,8 @@ def run_scenario(
     *args: Any,
     isolate: bool | None = None,
 ) -> Outcome:
-    """Run ``scenario(device, *args)`` and describe what happened.
+    """Run ``scenario(ctx, *args)`` with ``ctx`` the :class:`ScenarioContext` of ``backend``, and
+    describe what happened.
 
     ``isolate=None`` follows ``backend.isolate_failures``. Isolated runs use a fresh process
     (and a fresh device, so allocator state is deterministic); ``args`` must then be JSON-able.
@@ -184,7 +233,9 @@ def run_scenario(
     if isolate is None:
         isolate = backend.isolate_failures
     if not isolate:
-        return _outcome(_run_here(backend.device, scenario, args), isolated=False)
+        return _outcome(
+            _run_here(ScenarioContext.build(backend), scenario, args), isolated=False
+        )
     request = json.dumps(
         {"backend": backend.name, "scenario": _scenario_name(scenario), "args": list(args)}
     )
@@ -230,8 +281,8 @@ def run_scenario(
 def _child_main() -> None:
     """Entry point of the isolated child: read the request on stdin, print the outcome."""
     request = json.loads(sys.stdin.read())
-    device = load_backend(request["backend"]).make_device()
-    data = _run_here(device, _resolve(request["scenario"]), tuple(request["args"]))
+    ctx = ScenarioContext.build(load_backend(request["backend"]), fresh_device=True)
+    data = _run_here(ctx, _resolve(request["scenario"]), tuple(request["args"]))
     try:
         line = json.dumps(data)
     except TypeError:

@@ -1,13 +1,12 @@
 """Scenario functions run through :func:`conformance._isolation.run_scenario`.
 
-Each is ``scenario(device, *json_args) -> JSON-able``, importable by name so that an isolated
-child process can run it. They return what the tests assert on (error descriptions, flags) and
-raise :class:`ScenarioMismatch` when a replay disagrees with the eager computation.
-
-Breakable scenarios take a :func:`backend_ref` after the device (the backend's name: an API
-object cannot cross into a subprocess, a name can) and get the breakable API under test from it
-with :func:`breakable_api_for`: in the test's process from the run's backend itself, in an
-isolated child from the backend rebuilt by name, as the child rebuilds its device.
+Each is ``scenario(ctx, *json_args) -> JSON-able`` with ``ctx`` a
+:class:`conformance.ScenarioContext` (the device and the parts under test), importable by name so
+that an isolated child process can run it. They return what the tests assert on (error
+descriptions, flags) and raise :class:`ScenarioMismatch` when a replay disagrees with the eager
+computation. Breakable scenarios use ``ctx.breakable``, the backend's own part: a backend
+without one raises :class:`conformance.MissingPart` (tests ask for ``breakable_api`` first, which
+skips).
 """
 
 from __future__ import annotations
@@ -21,16 +20,13 @@ import torch
 import impl
 from spec import DeviceModule
 
-from ._backend import Backend, load_backend
-from ._isolation import describe_error
+from ._isolation import ScenarioContext, describe_error
 from .mutants import capture_class
 
 __all__ = [
     "CAPTURE_FAILURES",
     "ScenarioMismatch",
-    "backend_ref",
     "break_inputs_across_sizes",
-    "breakable_api_for",
     "breakable_failure",
     "capture_failure",
     "fork_across_break",
@@ -57,30 +53,6 @@ def expect_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) -> Non
 
 def _full(device: DeviceModule, n: int, value: float) -> torch.Tensor:
     return torch.full((n,), value, device=device.device)
-
-
-def breakable_api_for(backend: Backend) -> Any:
-    """The breakable-graph API under test on ``backend``: the adapter's part, else ``impl``."""
-    return getattr(backend, "breakable", None) or impl
-
-
-_BACKENDS: dict[str, Backend] = {}
-"""The backends this process has handed to breakable scenarios, by name."""
-
-
-def backend_ref(backend: Backend) -> str:
-    """What a breakable scenario is given to find ``backend``: its name. In this process the
-    scenario gets the very object back; an isolated child rebuilds it from the name
-    (:func:`conformance.load_backend`), as it rebuilds the device."""
-    _BACKENDS.setdefault(backend.name, backend)
-    return backend.name
-
-
-def _breakable_api(backend_name: str) -> Any:
-    """:func:`breakable_api_for` the backend that :func:`backend_ref` named ``backend_name``."""
-    if backend_name not in _BACKENDS:  # an isolated child: rebuild it once, from the name
-        _BACKENDS[backend_name] = load_backend(backend_name)
-    return breakable_api_for(_BACKENDS[backend_name])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,9 +194,10 @@ def _replay_error(graph: Any) -> BaseException | None:
     return None
 
 
-def capture_failure(device: DeviceModule, case: str) -> dict[str, Any]:
+def capture_failure(ctx: ScenarioContext, case: str) -> dict[str, Any]:
     """Run ``CAPTURE_FAILURES[case]``; report its error, what replaying the graph then raises,
     and whether the in-place target was left untouched (nothing executed)."""
+    device = ctx.device
     x = torch.ones(4, device=device.device)
     g = device.CUDAGraph()
     error: BaseException | None = None
@@ -239,10 +212,11 @@ def capture_failure(device: DeviceModule, case: str) -> dict[str, Any]:
     }
 
 
-def unrelated_syncs(device: DeviceModule, mode: str) -> dict[str, Any]:
+def unrelated_syncs(ctx: ScenarioContext, mode: str) -> dict[str, Any]:
     """A capture in ``capture_error_mode=mode`` that queries and synchronizes an event and a
     stream unrelated to it, then synchronizes the capturing stream (``FAKE-9``): report how far
     it got, its error, what replaying the graph then raises, and whether a capture is left."""
+    device = ctx.device
     other = device.Stream()
     done = device.Event()
     done.record(other)  # recorded before the capture, on a stream outside it
@@ -276,12 +250,12 @@ def unrelated_syncs(device: DeviceModule, mode: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-def breakable_failure(device: DeviceModule, backend_name: str, case: str) -> dict[str, Any]:
+def breakable_failure(ctx: ScenarioContext, case: str) -> dict[str, Any]:
     """A breakable capture that fails ``case``-wise (``user_error_in_segment``,
-    ``user_error_in_break``, ``sync_in_segment``) with the breakable API of the backend
-    ``backend_name`` (from :func:`backend_ref`); report the error and the state afterwards,
-    then check that the graph captures and replays correctly after ``reset()``."""
-    api = _breakable_api(backend_name)
+    ``user_error_in_break``, ``sync_in_segment``) with the breakable API under test; report the
+    error and the state afterwards, then check that the graph captures and replays correctly
+    after ``reset()``."""
+    device, api = ctx.device, ctx.breakable
     hook_before = device.Stream.__dict__.get("wait_stream")
     x = torch.arange(4, dtype=torch.float32, device=device.device)
     fail = {"case": case}
@@ -334,13 +308,12 @@ def breakable_failure(device: DeviceModule, backend_name: str, case: str) -> dic
 # ---------------------------------------------------------------------------------------------
 
 
-def _regression_api(backend_name: str, variant: str) -> tuple[Any, Any]:
+def _regression_api(ctx: ScenarioContext, variant: str) -> tuple[Any, Any]:
     """The breakable API and the capture class a regression scenario runs with: for
-    ``"reference"`` the API under test on the backend ``backend_name`` (from
-    :func:`backend_ref`; ``impl`` on the reference backends), for a mutant ``impl`` with the
-    mutant's capture class (mutants are variants of ``impl``)."""
+    ``"reference"`` the API under test (``ctx.breakable``; ``impl`` on the reference backends),
+    for a mutant ``impl`` with the mutant's capture class (mutants are variants of ``impl``)."""
     if variant == "reference":
-        api = _breakable_api(backend_name)
+        api = ctx.breakable
         return api, api.BreakableCUDAGraphCapture
     return impl, capture_class(variant)
 
@@ -354,15 +327,14 @@ def _churn(device: DeviceModule, n: int) -> list[torch.Tensor]:
     return [_full(device, n, -7.0) for _ in range(_CHURN)]
 
 
-def break_inputs_across_sizes(
-    device: DeviceModule, backend_name: str, variant: str
-) -> dict[str, Any]:
+def break_inputs_across_sizes(ctx: ScenarioContext, variant: str) -> dict[str, Any]:
     """Capture size A, replay A, capture size B into the same pool, replay A again: equal to
     eager (``BCG-7``). The break input ``meta`` is created eagerly per size and dropped by the
     caller right after capture; all work (capture, break bodies, replay) is on one stream, so a
     freed block is handed to the next allocation on that stream.
     """
-    api, capture = _regression_api(backend_name, variant)
+    device = ctx.device
+    api, capture = _regression_api(ctx, variant)
     stream = device.Stream()
     pool = device.graph_pool_handle()
 
@@ -405,12 +377,11 @@ def break_inputs_across_sizes(
     return {"segments": graph_a.num_segments, "breaks": graph_a.num_breaks}
 
 
-def result_needed_after_later_break(
-    device: DeviceModule, backend_name: str, variant: str
-) -> dict[str, Any]:
+def result_needed_after_later_break(ctx: ScenarioContext, variant: str) -> dict[str, Any]:
     """An eager result still needed after a later break produced a fresh result (``BCG-7``):
     ``y1`` from break 0 is read again by the last segment, after break 1 ran."""
-    api, capture = _regression_api(backend_name, variant)
+    device = ctx.device
+    api, capture = _regression_api(ctx, variant)
     stream = device.Stream()
     n = 16
 
@@ -448,11 +419,12 @@ def result_needed_after_later_break(
     return {"segments": graph.num_segments, "breaks": graph.num_breaks}
 
 
-def fork_across_break(device: DeviceModule, backend_name: str, variant: str) -> dict[str, Any]:
+def fork_across_break(ctx: ScenarioContext, variant: str) -> dict[str, Any]:
     """A side stream forked in segment 0 and joined by the model only after a break
     (``BCG-9``): the capture joins it before segment 0 ends; the model's own join, now of a
     stream that no longer captures, is a no-op."""
-    api, capture = _regression_api(backend_name, variant)
+    device = ctx.device
+    api, capture = _regression_api(ctx, variant)
     side = device.Stream()
 
     @api.eager_on_graph()

@@ -1,5 +1,13 @@
-"""pytest plugin of the conformance suite: ``--backend``, the ``backend`` fixture, clause and
-capability markers, known-failure (xfail) files, and the clauses x backends report."""
+"""pytest plugin of the conformance suite: ``--backend``, the ``backend`` fixture, clause, level
+and capability markers, known-failure (xfail) files, and the clauses x levels x backends report.
+
+Installed, this module is loaded into every pytest run of the environment (``pytest11``). It stays
+inert unless the run asks for conformance: ``--backend`` is given, or tests of the suite
+(``conformance/test_*.py``) are collected. Until then it imports nothing beyond pytest and the
+standard library (no torch, no hypothesis), touches no hypothesis profile, and only adds its
+options and marker descriptions. The suite's property tests carry their own hypothesis settings
+(:func:`conformance.strategies.suite_settings`), so no profile is changed for anyone.
+"""
 
 from __future__ import annotations
 
@@ -8,60 +16,101 @@ import os
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import pytest
 
-from ._adapter import check_part
-from ._backend import CAPABILITIES, Backend, load_backend, parse_backend_name
-from ._report import Outcome, TestOutcome, fold, summary_lines, write_report
+if TYPE_CHECKING:  # the run-time imports are lazy: see the module docstring
+    from ._backend import Backend
+    from ._report import TestOutcome, TestResult
 
 ENV_VAR = "CONFORMANCE_BACKEND"
 """Environment variable giving the backend when ``--backend`` is not passed."""
 
 DEFAULT_BACKEND = "fake"
 
+LevelChoice = Literal["core", "strict", "all"]
+"""What ``--conformance-level`` selects: ``core`` (unmarked tests: what engines depend on for
+correct results), ``strict`` (tests marked ``@pytest.mark.strict``: the reference's stronger
+promises), or ``all`` (both; the default)."""
+
+LEVEL_CHOICES: Final = ("core", "strict", "all")
+
+_PACKAGE_DIR: Final = Path(__file__).resolve().parent
+
 state_key = pytest.StashKey["ConformanceState"]()
 clauses_key = pytest.StashKey[tuple[str, ...]]()
 """``item.stash[clauses_key]``: the clause ids a test names (``@pytest.mark.clause``)."""
+level_key = pytest.StashKey[str]()
+"""``item.stash[level_key]``: the test's level, ``"strict"`` if marked so, else ``"core"``."""
 phase_reports_key = pytest.StashKey[dict[str, pytest.TestReport]]()
 """``item.stash[phase_reports_key]``: the test's report per phase (setup, call, teardown)."""
+broken_key = pytest.StashKey[tuple[str, ...]]()
+"""``item.stash[broken_key]``: the clauses a failing test named in a ``ClauseViolation``."""
 
 
 class ConformanceState:
-    """The plugin's one state object: the backend of the run (loaded on first use), the known
-    failures from ``--xfail-file``, the report folder, and one :class:`TestOutcome` per finished
-    conformance test."""
+    """The plugin's one state object: whether the run asked for conformance, the backend of the
+    run (loaded on first use), the selected levels, the known failures from ``--xfail-file``, the
+    report folder, and one :class:`TestOutcome` per finished conformance test."""
 
     def __init__(
-        self, backend_name: str, xfail: list[tuple[str, str]], report_dir: Path | None = None
+        self,
+        backend_name: str,
+        xfail: list[tuple[str, str]],
+        report_dir: Path | None = None,
+        level: LevelChoice = "all",
     ) -> None:
         self.backend_name = backend_name
         self.xfail = xfail
         self.report_dir = report_dir
+        self.level = level
+        self.active = False
         self.results: list[TestOutcome] = []
         self.report_paths: tuple[Path, Path] | None = None
         self._backend: Backend | None = None
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> ConformanceState:
-        """Validate the options once; :class:`pytest.UsageError` naming the option and value."""
-        raw = config.getoption("conformance_backend") or os.environ.get(ENV_VAR) or DEFAULT_BACKEND
-        try:
-            name = parse_backend_name(raw)
-        except ValueError as error:
-            raise pytest.UsageError(f"--backend (or ${ENV_VAR}): {error}") from None
+        """Read the options (nothing is imported or validated before :meth:`activate`)."""
+        given = config.getoption("conformance_backend")
+        raw = given or os.environ.get(ENV_VAR) or DEFAULT_BACKEND
         path = config.getoption("conformance_xfail_file")
         report_dir = config.getoption("conformance_report_dir")
-        return cls(
-            name,
+        state = cls(
+            raw,
             _read_xfail_file(Path(path)) if path else [],
             Path(report_dir) if report_dir else None,
+            config.getoption("conformance_level"),
         )
+        if given:
+            state.activate()
+        return state
+
+    @property
+    def levels(self) -> tuple[str, ...]:
+        """The selected levels, as a tuple of ``"core"`` / ``"strict"``."""
+        return ("core", "strict") if self.level == "all" else (self.level,)
+
+    def activate(self) -> None:
+        """The run asks for conformance: validate ``--backend`` once (:class:`pytest.UsageError`
+        naming the option and value)."""
+        if self.active:
+            return
+        from ._backend import parse_backend_name
+
+        try:
+            self.backend_name = parse_backend_name(self.backend_name)
+        except ValueError as error:
+            raise pytest.UsageError(f"--backend (or ${ENV_VAR}): {error}") from None
+        self.active = True
 
     def backend(self) -> Backend:
         """The run's :class:`Backend`, loaded on first use (no device is built yet)."""
+        self.activate()
         if self._backend is None:
+            from ._backend import load_backend
+
             try:
                 self._backend = load_backend(self.backend_name)
             except (ValueError, TypeError, ImportError) as error:
@@ -108,8 +157,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=(
             "backend to run the conformance suite against: 'fake' (the CPU fake device), "
             "'cuda' (impl.CudaDevice), or 'module:factory' (a callable returning a "
-            "conformance.Adapter, or a device module "
-            f"module). Default: ${ENV_VAR}, else '{DEFAULT_BACKEND}'."
+            "conformance.Backend, built with conformance.Adapter(...), or a device module). "
+            f"Default: ${ENV_VAR}, else '{DEFAULT_BACKEND}'. Giving it turns the plugin on."
+        ),
+    )
+    group.addoption(
+        "--conformance-level",
+        dest="conformance_level",
+        default="all",
+        choices=LEVEL_CHOICES,
+        help=(
+            "which conformance tests run: 'core' (what engines depend on for correct results), "
+            "'strict' (tests marked @pytest.mark.strict: the reference's stronger promises) or "
+            "'all' (default); the others are deselected."
         ),
     )
     group.addoption(
@@ -128,26 +188,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="DIR",
         help=(
-            "write the clause report (conformance.md, conformance.json: clauses x backends, "
-            "merged with earlier runs' backends in DIR) at the end of the run."
+            "write the clause report (conformance.md, conformance.json: clauses x levels x "
+            "backends, merged with earlier runs' backends in DIR) at the end of the run."
         ),
     )
-
-
-def _default_hypothesis_profile() -> None:
-    """Scenarios with hypothesis get no deadline (a capture's first run is slow) and, under CI,
-    a derandomized run without an example database, unless the host project chose a profile."""
-    from hypothesis import HealthCheck, settings
-
-    current = getattr(settings, "get_current_profile_name", None)
-    name = current() if current else getattr(settings, "_current_profile", "default")
-    if name != "default" or os.environ.get("HYPOTHESIS_PROFILE"):
-        return
-    ci: dict[str, Any] = {"derandomize": True, "database": None} if os.environ.get("CI") else {}
-    settings.register_profile(
-        "conformance", deadline=None, suppress_health_check=[HealthCheck.too_slow], **ci
-    )
-    settings.load_profile("conformance")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -157,15 +201,22 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "capability(*names): backend capabilities the test needs; skipped with the reason on a "
-        f"backend without them ({', '.join(sorted(CAPABILITIES))})",
+        "strict: a conformance test of the 'strict' level (the reference's stronger promises: "
+        "argument validation, exact error classes, immutability); unmarked ones are 'core'",
+    )
+    config.addinivalue_line(
+        "markers",
+        "capability(*names): backend capabilities the test needs (conformance.Capability); "
+        "skipped with the reason on a backend without them",
     )
     config.stash[state_key] = ConformanceState.from_config(config)
-    _default_hypothesis_profile()
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    return f"conformance backend: {config.stash[state_key].backend_name}"
+def pytest_report_header(config: pytest.Config) -> str | None:
+    state = config.stash.get(state_key, None)
+    if state is None or not state.active:
+        return None
+    return f"conformance backend: {state.backend_name}, level: {state.level}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,24 +249,24 @@ def device(backend: Backend) -> object:
 def registry_api(backend: Backend) -> Any:
     """The input-buffer registry API under test (``impl`` for the reference backends): an
     object with :data:`conformance.REGISTRY_NAMES`. Skips, naming the backend, when the
-    backend's adapter provides no registry."""
-    return check_part(backend, "registry", backend.label)
+    backend provides no registry."""
+    return backend.part_or_skip("registry")
 
 
 @pytest.fixture(scope="session")
 def breakable_api(backend: Backend) -> Any:
     """The breakable-graph API under test (``impl`` for the reference backends): an object with
-    :data:`conformance.BREAKABLE_NAMES`. Skips, naming the backend, when the backend's adapter
-    provides no breakable graphs."""
-    return check_part(backend, "breakable", backend.label)
+    :data:`conformance.BREAKABLE_NAMES`. Skips, naming the backend, when the backend provides
+    no breakable graphs."""
+    return backend.part_or_skip("breakable")
 
 
 @pytest.fixture(scope="session")
 def runner_api(backend: Backend) -> Any:
     """The graph-runner API under test (``impl`` for the reference backends): an object with
     :data:`conformance.RUNNER_NAMES` and maybe :data:`conformance.RUNNER_OPTIONAL_NAMES`. Skips,
-    naming the backend, when the backend's adapter provides no runners."""
-    return check_part(backend, "runners", backend.label)
+    naming the backend, when the backend provides no runners."""
+    return backend.part_or_skip("runners")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,23 +280,41 @@ def _marker_args(item: pytest.Item, name: str) -> Iterator[str]:
 
 
 def _in_suite(item: pytest.Item) -> bool:
-    module = getattr(item, "module", None)
-    return module is not None and module.__name__.startswith("conformance.")
+    """Whether ``item`` is a test of this package's suite (by file, not by module name: a host
+    project may have a package of its own called ``conformance``)."""
+    path = getattr(item, "path", None)
+    return path is not None and Path(path).resolve().parent == _PACKAGE_DIR
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    state = config.stash[state_key]
+    suite = [item for item in items if _in_suite(item)]
+    if suite:
+        state.activate()
+    if not state.active:
+        return  # inert: the run did not ask for conformance
     from spec import CLAUSES
 
-    state = config.stash[state_key]
-    if any(_in_suite(item) for item in items):
+    from ._backend import CAPABILITIES
+
+    if suite:
         state.backend()  # a bad --backend is one usage error now, not an error per test
     problems: list[str] = []
+    selected: list[pytest.Item] = []
+    deselected: list[pytest.Item] = []
     for item in items:
+        in_suite = _in_suite(item)
+        level = "strict" if item.get_closest_marker("strict") is not None else "core"
+        item.stash[level_key] = level
+        if in_suite and level not in state.levels:
+            deselected.append(item)
+            continue
+        selected.append(item)
         ids = tuple(dict.fromkeys(_marker_args(item, "clause")))
         unknown = [i for i in ids if i not in CLAUSES]
         if unknown:
             problems.append(f"{item.nodeid}: unknown clause id(s) {unknown}")
-        elif not ids and _in_suite(item):
+        elif not ids and in_suite:
             problems.append(f"{item.nodeid}: names no clause (@pytest.mark.clause)")
         item.stash[clauses_key] = ids
         needed = tuple(dict.fromkeys(_marker_args(item, "capability")))
@@ -269,9 +338,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 break
     if problems:
         raise pytest.UsageError("conformance markers:\n  " + "\n  ".join(problems))
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected
 
 
-def _fold(reports: dict[str, pytest.TestReport]) -> tuple[Outcome, str]:
+def _fold(reports: dict[str, pytest.TestReport]) -> tuple[TestResult, str]:
     """One outcome per test from its phase reports: a failed phase wins, then skip, xfail."""
     for report in reports.values():
         if report.failed:
@@ -290,17 +362,42 @@ def _fold(reports: dict[str, pytest.TestReport]) -> tuple[Outcome, str]:
     return "pass", ""
 
 
+def _violated_clauses(error: BaseException) -> tuple[str, ...]:
+    """The clauses ``error`` names: a ``ClauseViolation``'s, or those of a group (hypothesis
+    reports several distinct failures as one) made only of violations; ``()`` otherwise."""
+    from ._report import ClauseViolation
+
+    if isinstance(error, ClauseViolation):
+        return (error.clause,)
+    members = getattr(error, "exceptions", None)  # an ExceptionGroup (3.11+ or the backport)
+    if isinstance(members, tuple):
+        found = [_violated_clauses(e) for e in members]
+        if found and all(found):
+            return tuple(dict.fromkeys(c for group in found for c in group))
+    return ()
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Iterator[None]:
     report: pytest.TestReport = yield
+    state = item.config.stash.get(state_key, None)
+    if state is None or not state.active or not _in_suite(item):
+        return report
     reports = item.stash.setdefault(phase_reports_key, {})
     reports[report.when] = report
-    if report.when == "teardown" and item.stash.get(clauses_key, ()) and _in_suite(item):
+    if call.excinfo is not None and report.when == "call":
+        item.stash[broken_key] = _violated_clauses(call.excinfo.value)
+    if report.when == "teardown" and item.stash.get(clauses_key, ()):
+        from ._report import TestOutcome
+
         outcome, reason = _fold(reports)
-        state = item.config.stash[state_key]
-        state.results.append(TestOutcome(item.nodeid, item.stash[clauses_key], outcome, reason))
+        broken = item.stash.get(broken_key, ()) if outcome in ("fail", "xfail") else ()
+        state.results.append(TestOutcome(
+            item.nodeid, item.stash[clauses_key], outcome, reason,
+            level=item.stash.get(level_key, "core"), broken=broken,
+        ))
     return report
 
 
@@ -308,20 +405,26 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     state = session.config.stash.get(state_key, None)
     if state is None or state.report_dir is None or not state.results:
         return
-    state.report_paths = write_report(state.report_dir, state.backend_name, fold(state.results))
+    from ._report import fold, write_report
+
+    state.report_paths = write_report(
+        state.report_dir, state.backend_name, fold(state.results, state.levels)
+    )
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     state = terminalreporter.config.stash.get(state_key, None)
     if state is None or not state.results:
         return
+    from ._report import fold, summary_lines
+
     counts = Counter(result.outcome for result in state.results)
     terminalreporter.section("conformance")
     terminalreporter.write_line(
-        f"backend {state.backend_name!r}: {len(state.results)} tests: "
+        f"backend {state.backend_name!r}, level {state.level}: {len(state.results)} tests: "
         + ", ".join(f"{counts[k]} {k}" for k in ("pass", "fail", "skip", "xfail", "xpass"))
     )
-    for line in summary_lines(state.backend_name, fold(state.results)):
+    for line in summary_lines(state.backend_name, fold(state.results, state.levels)):
         terminalreporter.write_line(line)
     if state.report_paths:
         json_path, md_path = state.report_paths

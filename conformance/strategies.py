@@ -3,8 +3,11 @@
 They drive the conformance suite against any backend and the project's own tests: random tensor
 programs (for capture-and-replay fidelity) and random registry slot sets with fill sequences
 (for the registry oracle). Engine teams may use them in their own property tests.
+:func:`suite_settings` gives the suite's hypothesis settings (no deadline, deterministic under
+CI) without loading a profile.
 """
 
+from ._hypothesis import suite_settings
 from ._program_strategies import (
     OP_NAMES,
     Program,
@@ -33,4 +36,5 @@ __all__ = [
     "make_batch",
     "programs",
     "registry_cases",
+    "suite_settings",
 ]

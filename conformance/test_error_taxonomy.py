@@ -10,6 +10,8 @@ import pytest
 import spec
 from spec import errors
 
+pytestmark = pytest.mark.strict  # exact error classes: the reference's promise (ERR-1)
+
 CLASSES = [
     obj
     for _, obj in inspect.getmembers(errors, inspect.isclass)

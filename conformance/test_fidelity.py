@@ -13,17 +13,17 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import fakes
 
 from ._leaks import check_leaks  # noqa: F401  (autouse: the leak invariant, FAKE-6)
-from .strategies import Program, programs
+from .strategies import Program, programs, suite_settings
 
 seeds = st.integers(0, 2**31 - 1)
 
-fidelity_settings = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+fidelity_settings = suite_settings()
 """No deadline (a capture on a busy machine may take a while); examples per the profile."""
 
 

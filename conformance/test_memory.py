@@ -230,7 +230,7 @@ def test_content_written_outside_graphs_is_not_flagged(device) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.clause("MEM-3", "MEM-6", "ERR-1")
+@pytest.mark.clause("MEM-3", "MEM-6")
 @pytest.mark.capability("hazard_errors")
 def test_replay_after_an_external_input_died_raises(backend, device) -> None:
     x = torch.ones(4, device=device.device)

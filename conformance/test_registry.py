@@ -1,8 +1,15 @@
-"""The registry's declared behaviour: slots, views, binding, extraction, errors, builders."""
+"""The registry's declared behaviour: slots, views, binding, extraction, errors, builders.
+
+Core tests check what a graph reads (buffer contents, pad values, memory by storage and address);
+tests marked ``strict`` check the reference's stronger promises (validation, error classes,
+immutable declarations, launch structure). Builder options an engine may not have (the SWA slot,
+mamba and encoder slots) are probed: a builder without one is skipped for it, with the reason.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,6 +31,32 @@ def _shares_memory(view: torch.Tensor, base: torch.Tensor) -> bool:
     return view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
 
 
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` is ``b``'s memory: same storage and same address (a view or ``b`` itself)."""
+    return _shares_memory(a, b) and a.data_ptr() == b.data_ptr()
+
+
+BUILDER_FEATURES = {
+    "swa": {"is_hybrid_swa": True},
+    "mamba": {"enable_mamba_track": True},
+    "encoder": {"is_encoder_decoder": True, "encoder_len_fill_value": 3},
+}
+"""Optional builder options by feature: the keyword arguments that turn each one on."""
+
+
+def _require_feature(builder: Any, feature: str) -> dict[str, Any]:
+    """The keyword arguments of ``feature`` for ``builder``; a skip naming the builder and the
+    missing option when the builder does not take them (an optional feature, never a failure)."""
+    options = BUILDER_FEATURES[feature]
+    params = inspect.signature(builder).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    missing = [name for name in options if name not in params and not takes_any]
+    if missing:
+        pytest.skip(f"{getattr(builder, '__name__', builder)} has no {feature} feature "
+                    f"(no {', '.join(missing)} option)")
+    return dict(options)
+
+
 def _decode(api: Any, where: torch.device, **overrides: Any) -> Any:
     """A decode registry of 2 requests and 4 tokens (``overrides`` change any argument)."""
     kwargs: dict[str, Any] = dict(
@@ -40,6 +73,7 @@ def _decode(api: Any, where: torch.device, **overrides: Any) -> Any:
 # -- GraphSlot ------------------------------------------------------------------------------------
 
 
+@pytest.mark.strict
 @pytest.mark.clause("REG-1")
 @pytest.mark.parametrize(
     "kwargs",
@@ -59,6 +93,7 @@ def test_slot_rejects_inconsistent_declarations(registry_api: Any, kwargs: dict)
         registry_api.GraphSlot("x", _tokens, torch.int64, **kwargs)
 
 
+@pytest.mark.strict
 @pytest.mark.clause("REG-1")
 @pytest.mark.parametrize(
     "kwargs",
@@ -71,6 +106,7 @@ def test_slot_rejects_wrong_types(registry_api: Any, kwargs: dict) -> None:
         registry_api.GraphSlot(**{**base, **kwargs})
 
 
+@pytest.mark.strict
 @pytest.mark.clause("REG-1")
 @pytest.mark.parametrize("policy", ["KEEP_PAD", "FOREACH_COPY"])
 def test_slot_axis_none_accepts_non_padding_policies(registry_api: Any, policy: str) -> None:
@@ -102,7 +138,8 @@ def test_slice_for_is_a_view_of_the_padded_prefix(registry_api: Any, device: Any
         assert int(slot.buffer.sum()) == 7 * view.numel(), f"{slot.name}: write did not land"
 
 
-@pytest.mark.clause("REG-6", "REG-12")
+@pytest.mark.strict
+@pytest.mark.clause("REG-6")
 def test_slice_for_without_buffer_raises(registry_api: Any, device: Any) -> None:
     where = device.device
     with pytest.raises(RuntimeError):
@@ -113,6 +150,7 @@ def test_slice_for_without_buffer_raises(registry_api: Any, device: Any) -> None
         slot.slice_for(1, 1)
 
 
+@pytest.mark.strict
 @pytest.mark.clause("REG-6")
 def test_slice_fn_must_cut_one_dimension(registry_api: Any, device: Any) -> None:
     where = device.device
@@ -164,10 +202,18 @@ def test_registration_initialises_buffers_per_policy(registry_api: Any, device: 
     assert zero.buffer.tolist() == [0] * 5 and zero.buffer.dtype == torch.int32
     assert sent.buffer.tolist() == [9, 9, 9]
     assert once.buffer.tolist() == [True] * 3
+
+
+@pytest.mark.strict
+@pytest.mark.clause("REG-2")
+def test_duplicate_slot_name_is_rejected(registry_api: Any, device: Any) -> None:
+    reg = registry_api.CudaGraphBufferRegistry(device.device, 3, 5)
+    reg.register_slot(registry_api.GraphSlot("z", _tokens, torch.int32))
     with pytest.raises(ValueError):
         reg.register_slot(registry_api.GraphSlot("z", _tokens, torch.int32))
 
 
+@pytest.mark.strict
 @pytest.mark.clause("REG-2")
 def test_registered_declaration_is_fixed(registry_api: Any, device: Any) -> None:
     reg = registry_api.CudaGraphBufferRegistry(device.device, 2, 4)
@@ -188,12 +234,19 @@ def test_registered_declaration_is_fixed(registry_api: Any, device: Any) -> None
 def test_buffers_never_move_across_fills(registry_api: Any, device: Any) -> None:
     where = device.device
     reg = _decode(registry_api, where, max_bs=4, max_num_token=8)
-    before = {n: reg.get_slot(n).buffer.data_ptr() for n in reg.slot_names()}
-    fb = SimpleNamespace(input_ids=torch.arange(5), seq_lens=torch.tensor([1, 2]))
+    def where_buffers_are() -> dict[str, tuple[int, int]]:
+        return {
+            n: (reg.get_slot(n).buffer.untyped_storage().data_ptr(),
+                reg.get_slot(n).buffer.data_ptr())
+            for n in reg.slot_names()
+        }
+
+    before = where_buffers_are()
+    fb = SimpleNamespace(input_ids=torch.arange(5, device=where),
+                         seq_lens=torch.tensor([1, 2], device=where))
     reg.fill_from(fb, raw_bs=2, padded_bs=4, raw_num_tokens=5, padded_num_tokens=8)
     reg.fill_from(fb, raw_bs=2, padded_bs=2, raw_num_tokens=5, padded_num_tokens=5)
-    after = {n: reg.get_slot(n).buffer.data_ptr() for n in reg.slot_names()}
-    assert before == after
+    assert where_buffers_are() == before
 
 
 @pytest.mark.clause("REG-12")
@@ -201,13 +254,22 @@ def test_disabled_slot_is_kept_but_inert(registry_api: Any, device: Any) -> None
     where = device.device
     reg = registry_api.CudaGraphBufferRegistry(where, 2, 4)
     reg.register_slot(registry_api.GraphSlot("on", _tokens, torch.int64))
-    off = reg.register_slot(registry_api.GraphSlot("off", _tokens, torch.int64, enabled=False))
-    assert reg.get_slot("off") is off and off.buffer is None
+    reg.register_slot(registry_api.GraphSlot("off", _tokens, torch.int64, enabled=False))
+    off = reg.get_slot("off")
+    assert off.name == "off" and off.buffer is None
     assert not reg.has_slot("off") and reg.has_slot("on")
-    assert reg.slot_names() == ["on"]
-    fb = SimpleNamespace(on=torch.ones(2, dtype=torch.int64), off=torch.ones(3))
+    assert list(reg.slot_names()) == ["on"]
+    fb = SimpleNamespace(on=torch.ones(2, dtype=torch.int64, device=where),
+                         off=torch.ones(3, device=where))
     reg.fill_from(fb, raw_bs=1, padded_bs=1, raw_num_tokens=2, padded_num_tokens=4)
-    assert off.buffer is None
+    assert reg.get_slot("off").buffer is None
+
+
+@pytest.mark.strict
+@pytest.mark.clause("REG-12")
+def test_unknown_slot_name_raises_key_error(registry_api: Any, device: Any) -> None:
+    reg = registry_api.CudaGraphBufferRegistry(device.device, 2, 4)
+    reg.register_slot(registry_api.GraphSlot("on", _tokens, torch.int64))
     with pytest.raises(KeyError):
         reg.get_slot("never")
 
@@ -227,11 +289,19 @@ def test_bind_adopts_after_checks_and_never_refills(registry_api: Any, device: A
         pad_value=1,
     )
     reg.register_slot(slot, bind=mine)
-    assert slot.buffer is mine and mine.tolist() == [5, 5, 5]
+    adopted = reg.get_slot("sl").buffer
+    assert _same_memory(adopted, mine), "the slot's buffer is not the bound tensor's memory"
+    assert mine.tolist() == [5, 5, 5], "a bound tensor was re-filled at registration"
     # Never pooled: a later pooled request for the same key gets its own canonical buffer.
     other = registry_api.share_input_buffer("sl", torch.zeros(3, dtype=torch.int64, device=where))
     assert other.data_ptr() != mine.data_ptr()
     registry_api.clear_input_buffer_pool()
+
+
+@pytest.mark.strict
+@pytest.mark.clause("REG-11")
+def test_bind_rejects_tensors_that_do_not_fit(registry_api: Any, device: Any) -> None:
+    where = device.device
     for bad, exc in (
         (torch.zeros(4, dtype=torch.int64, device=where), ValueError),
         (torch.zeros(3, dtype=torch.int32, device=where), ValueError),
@@ -247,6 +317,7 @@ def test_bind_adopts_after_checks_and_never_refills(registry_api: Any, device: A
 # -- filling --------------------------------------------------------------------------------------
 
 
+@pytest.mark.strict
 @pytest.mark.clause("REG-7")
 @pytest.mark.parametrize(
     "sizes",
@@ -267,6 +338,7 @@ def test_fill_rejects_bad_sizes(registry_api: Any, device: Any, sizes: dict) -> 
         reg.fill_from(SimpleNamespace(), **sizes)
 
 
+@pytest.mark.strict
 @pytest.mark.clause("REG-7")
 def test_rejected_fill_writes_nothing(registry_api: Any, device: Any) -> None:
     where = device.device
@@ -291,6 +363,7 @@ def test_rejected_fill_writes_nothing(registry_api: Any, device: Any) -> None:
     assert torch.equal(zero.buffer, snapshot[0]) and torch.equal(fine.buffer, snapshot[1])
 
 
+@pytest.mark.strict
 @pytest.mark.clause("REG-7")
 def test_source_fn_source_longer_than_buffer_is_rejected(registry_api: Any, device: Any) -> None:
     where = device.device
@@ -331,7 +404,9 @@ def test_source_fn_fills_source_length_prefix_and_none_skips(
     assert slot.buffer.tolist() == [4, 5, 6, 7, 0, 0]
 
 
+@pytest.mark.strict
 @pytest.mark.clause("REG-5")
+@pytest.mark.capability("launch_structure")
 def test_copies_are_grouped_per_dtype_pair(registry_api: Any, device: Any) -> None:
     where = device.device
     reg = _decode(
@@ -365,7 +440,9 @@ def test_copies_are_grouped_per_dtype_pair(registry_api: Any, device: Any) -> No
     assert zeros == ["_foreach_zero_"] * 3, f"zero ops: {zeros}"
 
 
+@pytest.mark.strict
 @pytest.mark.clause("REG-5")
+@pytest.mark.capability("launch_structure")
 def test_host_destinations_are_copied_after_device_groups(registry_api: Any) -> None:
     # A "meta" registry stands in for an accelerator: its host slot must be copied last.
     reg = registry_api.CudaGraphBufferRegistry("meta", 2, 4)
@@ -447,24 +524,36 @@ class _Batch:
     note: str = "x"
 
 
-@pytest.mark.clause("REG-8")
-def test_extract_buffer_returns_new_batch_of_views(registry_api: Any, device: Any) -> None:
-    where = device.device
-    reg = registry_api.CudaGraphBufferRegistry(where, 4, 8)
-    ids = reg.register_slot(registry_api.GraphSlot("input_ids", _tokens, torch.int64))
-    reg.register_slot(registry_api.GraphSlot("positions", _tokens, torch.int64))
-    comp = reg.register_slot(
-        registry_api.GraphSlot("computed", _tokens, torch.int64, copy_from_fb=False)
+def _extraction_registry(api: Any, where: torch.device) -> tuple[Any, Any, Any]:
+    reg = api.CudaGraphBufferRegistry(where, 4, 8)
+    reg.register_slot(api.GraphSlot("input_ids", _tokens, torch.int64))
+    reg.register_slot(api.GraphSlot("positions", _tokens, torch.int64))
+    reg.register_slot(api.GraphSlot("computed", _tokens, torch.int64, copy_from_fb=False))
+    reg.register_slot(api.GraphSlot("sub.field", _tokens, torch.int64))
+    template = _Batch(batch_size=2, input_ids=torch.arange(3, device=where), positions=None)
+    return reg, template, reg.extract_buffer(
+        padded_bs=4, padded_num_tokens=6, forward_batch_template=template
     )
-    reg.register_slot(registry_api.GraphSlot("sub.field", _tokens, torch.int64))
-    template = _Batch(batch_size=2, input_ids=torch.arange(3), positions=None)
-    out = reg.extract_buffer(padded_bs=4, padded_num_tokens=6, forward_batch_template=template)
+
+
+@pytest.mark.clause("REG-8")
+def test_extract_buffer_returns_a_batch_of_padded_views(registry_api: Any, device: Any) -> None:
+    reg, _, out = _extraction_registry(registry_api, device.device)
+    assert out.batch_size == 4 and out.note == "x"
+    assert tuple(out.input_ids.shape) == (6,)
+    assert _same_memory(out.input_ids, reg.get_slot("input_ids").buffer)
+    assert out.positions is None, "a plain slot absent from the batch must stay None"
+    assert out.computed is not None and _same_memory(out.computed, reg.get_slot("computed").buffer)
+
+
+@pytest.mark.strict
+@pytest.mark.clause("REG-8")
+def test_extract_buffer_leaves_the_template_alone_and_checks_arguments(
+    registry_api: Any, device: Any
+) -> None:
+    reg, template, out = _extraction_registry(registry_api, device.device)
     assert out is not template and template.batch_size == 2
     assert template.input_ids.tolist() == [0, 1, 2], "template was mutated"
-    assert out.batch_size == 4 and out.note == "x"
-    assert out.input_ids.shape == (6,) and _shares_memory(out.input_ids, ids.buffer)
-    assert out.positions is None, "a plain slot absent from the batch must stay None"
-    assert out.computed is not None and _shares_memory(out.computed, comp.buffer)
     with pytest.raises(TypeError):
         reg.extract_buffer(padded_bs=1, padded_num_tokens=1, forward_batch_template=object())
     with pytest.raises(ValueError):
@@ -474,92 +563,151 @@ def test_extract_buffer_returns_new_batch_of_views(registry_api: Any, device: An
 # -- builders -----------------------------------------------------------------------------------
 
 
+def _row(reg: Any, name: str) -> tuple:
+    s = reg.get_slot(name)
+    return (s.axis, s.buffer.dtype, s.padding_policy.name, s.buffer.device.type,
+            tuple(s.buffer.shape))
+
+
 def _table(reg: Any) -> dict[str, tuple]:
-    out = {}
-    for name in reg.slot_names():
-        s = reg.get_slot(name)
-        out[name] = (
-            s.axis,
-            s.buffer.dtype,
-            s.padding_policy,
-            s.buffer.device.type,
-            tuple(s.buffer.shape),
-        )
-    return out
+    return {name: _row(reg, name) for name in reg.slot_names()}
+
+
+def _check_rows(reg: Any, expected: dict[str, tuple]) -> None:
+    """Every expected slot is declared with its row; other slots may exist (core)."""
+    names = set(reg.slot_names())
+    missing = sorted(set(expected) - names)
+    assert not missing, f"required slots missing: {missing} (declared: {sorted(names)})"
+    wrong = {n: (_row(reg, n), row) for n, row in expected.items() if _row(reg, n) != row}
+    assert not wrong, f"slots declared differently (actual, expected): {wrong}"
+
+
+def _decode_rows(where: torch.device, cache: torch.dtype) -> dict[str, tuple]:
+    i64, dev = torch.int64, where.type
+    return {
+        "input_ids": ("tokens", i64, "FOREACH_COPY", dev, (4,)),
+        "positions": ("tokens", i64, "ZERO", dev, (4,)),
+        "out_cache_loc": ("tokens", cache, "ZERO", dev, (4,)),
+        "req_pool_indices": ("bs", i64, "ZERO", dev, (2,)),
+        "seq_lens": ("bs", i64, "FILL_SENTINEL", dev, (2,)),
+        "seq_lens_cpu": ("bs", i64, "FILL_SENTINEL", "cpu", (2,)),
+        "mrope_positions": ("tokens", i64, "ZERO", dev, (3, 4)),
+    }
+
+
+def _decode_feature_rows(where: torch.device) -> dict[str, dict[str, tuple]]:
+    dev = where.type
+    return {
+        "swa": {"out_cache_loc_swa": ("tokens", torch.int32, "ZERO", dev, (4,))},
+        "mamba": {
+            "mamba_track_indices": ("bs", torch.int64, "ZERO", dev, (2,)),
+            "mamba_track_mask": ("bs", torch.bool, "ZERO", dev, (2,)),
+        },
+        "encoder": {"encoder_lens": ("bs", torch.int32, "FILL_ONCE", dev, (2,))},
+    }
 
 
 @pytest.mark.clause("REG-9")
-def test_decode_registry_slot_table(registry_api: Any, device: Any) -> None:
+def test_decode_registry_declares_the_required_slots(registry_api: Any, device: Any) -> None:
+    where = device.device
+    reg = _decode(registry_api, where, seq_len_fill_value=7, cache_loc_dtype=torch.int32)
+    _check_rows(reg, _decode_rows(where, torch.int32))
+    assert reg.get_slot("seq_lens").buffer.tolist() == [7, 7]
+    assert reg.get_slot("seq_lens_cpu").buffer.tolist() == [7, 7]
+    assert tuple(reg.get_slot("mrope_positions").slice_for(1, 2).shape) == (3, 2)
+
+
+@pytest.mark.clause("REG-9")
+@pytest.mark.parametrize("feature", sorted(BUILDER_FEATURES))
+def test_decode_registry_feature_slots(registry_api: Any, device: Any, feature: str) -> None:
+    where = device.device
+    options = _require_feature(registry_api.build_decode_registry, feature)
+    reg = _decode(registry_api, where, cache_loc_dtype=torch.int32, **options)
+    _check_rows(reg, {**_decode_rows(where, torch.int32), **_decode_feature_rows(where)[feature]})
+    if feature == "encoder":
+        assert reg.get_slot("encoder_lens").buffer.tolist() == [3, 3]
+
+
+@pytest.mark.strict
+@pytest.mark.clause("REG-9")
+def test_decode_registry_declares_no_other_slots(registry_api: Any, device: Any) -> None:
     where = device.device
     reg = _decode(
-        registry_api,
-        where,
-        seq_len_fill_value=7,
-        cache_loc_dtype=torch.int32,
-        is_hybrid_swa=True,
-        enable_mamba_track=True,
-        is_encoder_decoder=True,
-        encoder_len_fill_value=3,
+        registry_api, where, seq_len_fill_value=7, cache_loc_dtype=torch.int32,
+        **{k: v for opts in BUILDER_FEATURES.values() for k, v in opts.items()},
     )
-    i64, i32, dev = torch.int64, torch.int32, where.type
-    assert _table(reg) == {
-        "input_ids": ("tokens", i64, registry_api.PaddingPolicy.FOREACH_COPY, dev, (4,)),
-        "positions": ("tokens", i64, registry_api.PaddingPolicy.ZERO, dev, (4,)),
-        "out_cache_loc": ("tokens", i32, registry_api.PaddingPolicy.ZERO, dev, (4,)),
-        "req_pool_indices": ("bs", i64, registry_api.PaddingPolicy.ZERO, dev, (2,)),
-        "seq_lens": ("bs", i64, registry_api.PaddingPolicy.FILL_SENTINEL, dev, (2,)),
-        "seq_lens_cpu": ("bs", i64, registry_api.PaddingPolicy.FILL_SENTINEL, "cpu", (2,)),
-        "mrope_positions": ("tokens", i64, registry_api.PaddingPolicy.ZERO, dev, (3, 4)),
-        "out_cache_loc_swa": ("tokens", i32, registry_api.PaddingPolicy.ZERO, dev, (4,)),
-        "mamba_track_indices": ("bs", i64, registry_api.PaddingPolicy.ZERO, dev, (2,)),
-        "mamba_track_mask": ("bs", torch.bool, registry_api.PaddingPolicy.ZERO, dev, (2,)),
-        "encoder_lens": ("bs", i32, registry_api.PaddingPolicy.FILL_ONCE, dev, (2,)),
+    features = _decode_feature_rows(where)
+    expected = {**_decode_rows(where, torch.int32), **features["swa"], **features["mamba"],
+                **features["encoder"]}
+    assert _table(reg) == expected
+    assert len(_decode(registry_api, where, seq_len_fill_value=7).slot_names()) == 7
+
+
+def _prefill(api: Any, where: torch.device, **overrides: Any) -> Any:
+    kwargs: dict[str, Any] = dict(
+        device=where, max_bs=2, max_num_token=4, cache_loc_dtype=torch.int64, share_pool=False,
+    )
+    return api.build_prefill_registry(**{**kwargs, **overrides})
+
+
+def _prefill_rows(where: torch.device, multimodal: bool) -> dict[str, tuple]:
+    i64, dev = torch.int64, where.type
+    rows = {
+        "input_ids": ("tokens", i64, "ZERO", dev, (4,)),
+        "positions": ("tokens", i64, "ZERO", dev, (4,)),
+        "out_cache_loc": ("tokens", i64, "ZERO", dev, (4,)),
     }
-    assert reg.get_slot("seq_lens").buffer.tolist() == [7, 7]
-    assert reg.get_slot("seq_lens_cpu").buffer.device.type == "cpu"
-    assert reg.get_slot("encoder_lens").buffer.tolist() == [3, 3]
-    assert reg.get_slot("mrope_positions").slice_for(1, 2).shape == (3, 2)
-    plain = _decode(registry_api, where, seq_len_fill_value=7)
-    assert len(plain.slot_names()) == 7
+    if multimodal:
+        rows["mrope_positions"] = ("tokens", i64, "ZERO", dev, (3, 4))
+        rows["input_embeds"] = ("tokens", torch.float32, "ZERO", dev, (4, 3))
+    return rows
+
+
+_MULTIMODAL = dict(is_multimodal=True, hidden_size=3, embed_dtype=torch.float32)
 
 
 @pytest.mark.clause("REG-10")
-def test_prefill_registry_slot_table(registry_api: Any, device: Any) -> None:
+def test_prefill_registry_declares_the_required_slots(registry_api: Any, device: Any) -> None:
     where = device.device
-    reg = registry_api.build_prefill_registry(
-        device=where,
-        max_bs=2,
-        max_num_token=4,
-        cache_loc_dtype=torch.int64,
-        is_multimodal=True,
-        hidden_size=3,
-        embed_dtype=torch.float32,
-        is_hybrid_swa=True,
-        enable_mamba_track=True,
-        share_pool=False,
-    )
-    i64, dev = torch.int64, where.type
-    assert _table(reg) == {
-        "input_ids": ("tokens", i64, registry_api.PaddingPolicy.ZERO, dev, (4,)),
-        "positions": ("tokens", i64, registry_api.PaddingPolicy.ZERO, dev, (4,)),
-        "out_cache_loc": ("tokens", i64, registry_api.PaddingPolicy.ZERO, dev, (4,)),
-        "out_cache_loc_swa": ("tokens", torch.int32, registry_api.PaddingPolicy.ZERO, dev, (4,)),
-        "mrope_positions": ("tokens", i64, registry_api.PaddingPolicy.ZERO, dev, (3, 4)),
-        "input_embeds": ("tokens", torch.float32, registry_api.PaddingPolicy.ZERO, dev, (4, 3)),
-        "mamba_track_indices": ("bs", i64, registry_api.PaddingPolicy.FOREACH_COPY, dev, (2,)),
-        "mamba_track_mask": ("bs", torch.bool, registry_api.PaddingPolicy.FOREACH_COPY, dev, (2,)),
-    }
+    _check_rows(_prefill(registry_api, where), _prefill_rows(where, False))
+    reg = _prefill(registry_api, where, **_MULTIMODAL)
+    _check_rows(reg, _prefill_rows(where, True))
     assert not reg.get_slot("input_embeds").copy_from_fb
+
+
+@pytest.mark.clause("REG-10")
+@pytest.mark.parametrize("feature", ["mamba", "swa"])
+def test_prefill_registry_feature_slots(registry_api: Any, device: Any, feature: str) -> None:
+    where = device.device
+    options = _require_feature(registry_api.build_prefill_registry, feature)
+    dev = where.type
+    extra = {
+        "swa": {"out_cache_loc_swa": ("tokens", torch.int32, "ZERO", dev, (4,))},
+        "mamba": {
+            "mamba_track_indices": ("bs", torch.int64, "FOREACH_COPY", dev, (2,)),
+            "mamba_track_mask": ("bs", torch.bool, "FOREACH_COPY", dev, (2,)),
+        },
+    }[feature]
+    _check_rows(_prefill(registry_api, where, **options), {**_prefill_rows(where, False), **extra})
+
+
+@pytest.mark.strict
+@pytest.mark.clause("REG-10")
+def test_prefill_registry_declares_no_other_slots_and_checks_arguments(
+    registry_api: Any, device: Any
+) -> None:
+    where = device.device
+    reg = _prefill(registry_api, where, is_hybrid_swa=True, enable_mamba_track=True, **_MULTIMODAL)
+    dev = where.type
+    assert _table(reg) == {
+        **_prefill_rows(where, True),
+        "out_cache_loc_swa": ("tokens", torch.int32, "ZERO", dev, (4,)),
+        "mamba_track_indices": ("bs", torch.int64, "FOREACH_COPY", dev, (2,)),
+        "mamba_track_mask": ("bs", torch.bool, "FOREACH_COPY", dev, (2,)),
+    }
     for bad in (dict(hidden_size=0, embed_dtype=torch.float32), dict(hidden_size=4)):
         with pytest.raises(ValueError):
-            registry_api.build_prefill_registry(
-                device=where,
-                max_bs=1,
-                max_num_token=2,
-                cache_loc_dtype=i64,
-                is_multimodal=True,
-                **bad,
-            )
+            _prefill(registry_api, where, max_bs=1, max_num_token=2, is_multimodal=True, **bad)
 
 
 @pytest.mark.clause("REG-11")
@@ -569,9 +717,17 @@ def test_builders_bind_to_source_fields(registry_api: Any, device: Any) -> None:
     fields = SimpleNamespace(**{n: src.get_slot(n).buffer for n in src.slot_names()})
     fields.seq_lens.fill_(42)
     bound = _decode(registry_api, where, source=fields, share_pool=True)
-    for name in bound.slot_names():
-        assert bound.get_slot(name).buffer is getattr(fields, name), name
+    for name in src.slot_names():
+        assert _same_memory(bound.get_slot(name).buffer, getattr(fields, name)), name
     assert fields.seq_lens.tolist() == [42, 42], "a bound tensor must not be re-filled"
+
+
+@pytest.mark.strict
+@pytest.mark.clause("REG-11")
+def test_builder_source_missing_a_field_is_rejected(registry_api: Any, device: Any) -> None:
+    where = device.device
+    src = _decode(registry_api, where)
+    fields = SimpleNamespace(**{n: src.get_slot(n).buffer for n in src.slot_names()})
     del fields.positions
     with pytest.raises(ValueError):
         _decode(registry_api, where, source=fields, share_pool=True)

@@ -15,6 +15,8 @@ import torch
 
 from conformance.mutants import REGISTRY_MUTANTS
 
+from .test_registry import _require_feature
+
 
 @pytest.mark.clause("REG-3", "REG-9")
 @pytest.mark.parametrize("variant", ["reference", *REGISTRY_MUTANTS])
@@ -23,14 +25,16 @@ def test_padded_rows_never_write_live_swa_kv(device: Any, registry_api: Any, var
     build = (
         registry_api.build_decode_registry if variant == "reference" else REGISTRY_MUTANTS[variant]
     )
+    # The scenario needs the SWA slot: a builder without the feature is skipped, not failed.
+    swa = _require_feature(registry_api.build_decode_registry, "swa")
     registry = build(
         device=where,
         max_bs=4,
         max_num_token=4,
         seq_len_fill_value=1,
         cache_loc_dtype=torch.int64,
-        is_hybrid_swa=True,
         share_pool=False,
+        **swa,
     )
     swa = registry.get_slot("out_cache_loc_swa").slice_for(4, 4)  # what the bs=4 graph reads
     values = torch.zeros(4, device=where)  # the step's new KV entries (a static input)

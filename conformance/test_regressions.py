@@ -9,8 +9,8 @@ memory dies with it).
 
 The reference case runs the breakable API under test (the ``breakable_api`` fixture's, ``impl`` on
 the reference backends), so a third party's breakable graphs face the same scenarios. The
-scenario finds it from ``backend_ref(backend)``: the run's backend in this process, the backend
-rebuilt from its name in a subprocess. The mutants are variants of ``impl`` itself.
+scenario finds it in its context (``ctx.breakable``): the run's backend in this process, the
+backend rebuilt from its name in a subprocess. The mutants are variants of ``impl`` itself.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import pytest
 from conformance import Outcome, run_scenario
 from conformance._scenarios import (
     ScenarioMismatch,
-    backend_ref,
     break_inputs_across_sizes,
     fork_across_break,
     result_needed_after_later_break,
@@ -47,7 +46,7 @@ def _check(outcome: Outcome, variant: str) -> None:
 def _run(backend, scenario, variant: str) -> Outcome:
     # The reference needs no isolation; a mutant may corrupt memory of the process it runs in.
     isolate = backend.isolate_failures and variant != "reference"
-    return run_scenario(backend, scenario, backend_ref(backend), variant, isolate=isolate)
+    return run_scenario(backend, scenario, variant, isolate=isolate)
 
 
 @pytest.mark.clause("BCG-7", "BCG-12")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
@@ -22,6 +22,7 @@ from ._runner_scenarios import (
     optional_runner,
     run_steps,
 )
+from .strategies import suite_settings
 
 _RUNNERS: dict[tuple[int, str, str], impl.ModelRunner] = {}
 
@@ -60,7 +61,7 @@ requests_st = st.lists(
 
 @pytest.mark.clause("RUN-11", "RUN-7")
 @pytest.mark.parametrize("kind", KINDS)
-@settings(max_examples=8)
+@suite_settings(max_examples=8)
 @given(requests=requests_st)
 def test_generate_with_graphs_equals_eager(device, runner_api, kind, requests) -> None:
     prompts = [p for p, _ in requests]
@@ -123,7 +124,7 @@ def _extend_once(runner: impl.ModelRunner, lengths: list[int]) -> torch.Tensor:
 
 @pytest.mark.clause("RUN-7")
 @pytest.mark.parametrize("kind", KINDS)
-@settings(max_examples=10)
+@suite_settings(max_examples=10)
 @given(lengths=_BATCHES)
 def test_prefill_of_many_requests_equals_eager(device, runner_api, kind, lengths) -> None:
     prefill = optional_runner(runner_api, "BreakableCudaGraphRunner")

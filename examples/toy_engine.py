@@ -18,8 +18,9 @@ its known failures marked xfail::
     python -m conformance --backend examples.toy_engine:make_adapter \\
         --xfail-file examples/toy_engine.xfail
 
-``make_adapter`` is the factory ``--backend module:factory`` names: it returns a
-:class:`conformance.Adapter` describing the parts the engine implements.
+``make_adapter`` is the factory ``--backend module:factory`` names: it returns the
+:class:`conformance.Backend` that :func:`conformance.Adapter` builds from the parts the engine
+implements.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import impl
-from conformance import REGISTRY_NAMES, Adapter
+from conformance import REGISTRY_NAMES, Adapter, Backend
 
 
 class ToyRegistry(impl.CudaGraphBufferRegistry):
@@ -53,7 +54,7 @@ class ToyRegistry(impl.CudaGraphBufferRegistry):
         return dataclasses.replace(out, **exposed)
 
 
-def make_adapter() -> Adapter:
+def make_adapter() -> Backend:
     """The toy engine as the conformance suite sees it: a device, a registry, nothing else."""
     import fakes
 

@@ -15,7 +15,8 @@ define(
             get_replay_id() a counter that differs for every replay; outside replay and capture
             both return None."""),
         ("BCG-4", """Outside a breakable capture an eager_on_graph function is a plain call, and
-            eager_on_graph(enable=False) returns the function itself."""),
+            a function decorated with eager_on_graph(enable=False) is a plain call inside one
+            too.""", """eager_on_graph(enable=False) returns the function itself."""),
         ("BCG-5", """Inside a breakable capture a decorated call ends the current segment, calls
             barrier_fn, runs the function (or capture_stub instead) eagerly once, records one
             break, begins the next segment, and returns the eager result."""),
@@ -30,13 +31,16 @@ define(
             records no break of its own."""),
         ("BCG-9", """Streams forked from the capture stream are joined back automatically before
             each segment ends; an explicit join of a fork that is no longer capturing is a
-            no-op; the wait_stream hook exists only while a capture is in progress."""),
-        ("BCG-10", """An exception inside a breakable capture leaves no capture open, restores the
-            stream hook and the context variables, leaves the device usable, and the partial
-            graph raises GraphNotReady on replay until reset() and a new capture."""),
+            no-op.""", """The wait_stream hook exists only while a capture is in progress."""),
+        ("BCG-10", """An exception inside a breakable capture leaves no capture open and the
+            device usable, propagates to the caller (a capture error as a CaptureError), and the
+            partial graph refuses to replay (raises) until reset() and a new capture, which then
+            replays correctly.""", """The refusal is GraphNotReady; the stream hook and the
+            context variables are restored, and a decorated call afterwards is a plain call."""),
         ("BCG-11", """enable_breakable_cuda_graph() makes is_in_breakable_cuda_graph() true for its
-            body and restores the previous value on exit, also when nested and on exceptions;
-            a breakable capture enables it for its body."""),
+            body and false again after it; a breakable capture enables it for its body.""",
+            """Re-entrant: nested uses, one instance entered several times, and exceptions
+            restore the previous value each time."""),
         ("BCG-12", """All segments of a breakable graph allocate from one pool (the pool= token or
             graph.pool()); graphs of several sizes captured into one pool, largest first, each
             replay correctly."""),
@@ -51,8 +55,8 @@ define(
         ("CUDA-1", """is_stream_capturing(stream) is true for the capturing stream and for a
             stream forked from it during the capture, and false for both once the capture
             ended."""),
-        ("CUDA-2", """A backend failure during or at the end of a capture is raised as a spec
-            CaptureError whose __cause__ is the backend's original error."""),
+        ("CUDA-2", "", """A backend failure during or at the end of a capture is raised as a
+            spec CaptureError whose __cause__ is the backend's original error."""),
         ("CUDA-3", """graph_node_count(graph) of a graph captured with keep_graph=True counts its
             recorded work items: one per elementwise in-place op."""),
         ("CUDA-4", """A graph that dies while another capture is active (its last reference

@@ -90,7 +90,7 @@ define(
         ("FAKE-11", """A capture error aborts the capture at once: capture_end() on the aborted
             graph raises that error again, replay() raises GraphNotReady, and capture_begin()
             raises CaptureError until reset()."""),
-        ("FAKE-12", """The fake's registry of special-case ops rejects a second handler for the
-            same op, or the same predicate, with ValueError."""),
+        ("FAKE-12", "", """The fake's registry of special-case ops rejects a second handler for
+            the same op, or the same predicate, with ValueError."""),
     ],
 )
