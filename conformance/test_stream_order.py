@@ -279,3 +279,41 @@ def test_only_work_inside_stream_bodies_is_tracked(device: Any) -> None:
         x.add_(1)  # the default stream, made current explicitly: tracked
     with device.stream(a), pytest.raises(spec.StreamRace):
         x + 0
+
+
+# ---------------------------------------------------------------------------------------------
+# ORD-6: one default capture stream per device
+# ---------------------------------------------------------------------------------------------
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b or a == b
+
+
+@pytest.mark.clause("ORD-6")
+def test_graph_captures_on_the_one_default_capture_stream(device: Any) -> None:
+    stream = device.capture_stream()
+    assert _same(device.capture_stream(), stream), "capture_stream() changed between calls"
+    assert not _same(stream, device.default_stream())
+    x = torch.ones(4, device=device.device)
+    graph = device.CUDAGraph()
+    with device.graph(graph):
+        seen = device.current_stream()
+        out = x + 1
+    assert _same(seen, stream), f"graph() captured on {seen!r}, not on {stream!r}"
+    graph.replay()
+    assert out.cpu().tolist() == [2.0] * 4
+
+
+@pytest.mark.clause("ORD-6")
+def test_breakable_capture_uses_the_default_capture_stream(
+    device: Any, breakable_api: Any
+) -> None:
+    x = torch.ones(4, device=device.device)
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(graph):
+        seen = device.current_stream()
+        out = x * 3
+    assert _same(seen, device.capture_stream()), f"captured on {seen!r}"
+    graph.replay()
+    assert out.cpu().tolist() == [3.0] * 4

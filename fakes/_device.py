@@ -174,6 +174,14 @@ class FakeDevice:
         """The default stream, which cannot capture (``CAP-3``)."""
         return self._default
 
+    def capture_stream(self) -> FakeStream:
+        """This device's default capture stream: a side stream created on first use, never the
+        default stream. :meth:`graph` without a stream, breakable captures and runners capture
+        on it (captures that share a pool share their stream, as on CUDA)."""
+        if self._side is None:
+            self._side = self.Stream()
+        return self._side
+
     @contextlib.contextmanager
     def stream(self, stream: FakeStream | None) -> Iterator[FakeStream | None]:
         """Make ``stream`` current for the body (``None``: no change); restore on exit.
@@ -238,8 +246,8 @@ class FakeDevice:
     ) -> Iterator[FakeCUDAGraph]:
         """Capture the body into ``cuda_graph``.
 
-        The capture runs on ``stream`` or, if ``None``, on this device's side stream (created
-        on first use, never the default stream, ``CAP-3``), which is current for the body; the
+        The capture runs on ``stream`` or, if ``None``, on :meth:`capture_stream` (never the
+        default stream, ``CAP-3``), which is current for the body; the
         previous stream is current again afterwards (``DEV-4``). Memory comes from ``pool``
         (or the graph's private pool). Unlike ``torch.cuda.graph``, entering does not
         synchronize the device: it orders nothing (``ORD-2``).
@@ -262,7 +270,7 @@ class FakeDevice:
             raise TypeError(f"cuda_graph must be a CUDAGraph of {self!r}, got {cuda_graph!r}")
         check_capture_error_mode(capture_error_mode)
         if stream is None:
-            stream = self._capture_stream()
+            stream = self.capture_stream()
         with self.stream(stream):
             cuda_graph.capture_begin(pool=pool, capture_error_mode=capture_error_mode)
             try:
@@ -357,10 +365,6 @@ class FakeDevice:
         if not isinstance(stream, FakeStream) or stream._device is not self:
             raise TypeError(f"{param} must be a Stream of {self!r}, got {stream!r}")
 
-    def _capture_stream(self) -> FakeStream:
-        if self._side is None:
-            self._side = self.Stream()
-        return self._side
 
     def _new_pool(self, owner: str) -> FakePool:
         pool = FakePool(self.id, owner)

@@ -33,5 +33,9 @@ define(
             body (any stream, the default stream included), and every replay; eager work issued
             outside every stream body is not tracked: its writes make no stream their last writer,
             and its reads race with nothing."""),
+        ("ORD-6", """capture_stream() returns the device's one default capture stream: the same
+            stream on every call, never the default stream; graph() without a stream, and a
+            BreakableCUDAGraphCapture without a stream, capture on it (captures that share a pool
+            share their stream)."""),
     ],
 )

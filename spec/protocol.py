@@ -197,7 +197,9 @@ class DeviceModule(Protocol):
         capture_error_mode: CaptureErrorMode = "global",
     ) -> AbstractContextManager[GraphLike]:
         """Context manager capturing its body into ``cuda_graph``, on ``stream`` or, if ``None``,
-        on a side stream (never the default stream), like ``torch.cuda.graph``."""
+        on :meth:`capture_stream` (never the default stream), like ``torch.cuda.graph``.
+        Entering orders nothing between streams (``ORD-2``): ``torch.cuda.graph`` synchronizes
+        the device first, but the protocol does not promise it."""
 
     def graph_pool_handle(self) -> PoolHandle:
         """A new pool token that several captures may share."""
@@ -207,6 +209,14 @@ class DeviceModule(Protocol):
 
     def default_stream(self) -> StreamLike:
         """The default (legacy) stream, which cannot capture."""
+
+    def capture_stream(self) -> StreamLike:
+        """The device's one default capture stream (``torch.cuda.graph``'s
+        ``default_capture_stream``): the side stream :meth:`graph` captures on when given no
+        stream, created on first use, never the default stream, the same object on every call
+        (on CUDA one per GPU). Captures that share a pool must share their stream, because the
+        caching allocator keeps a pool's free blocks per stream; breakable captures and runners
+        use this one unless given another."""
 
     def stream(self, stream: StreamLike) -> AbstractContextManager[StreamLike]:
         """Make ``stream`` current for the body; the previous stream is restored on exit."""

@@ -137,6 +137,32 @@ def test_replay_error_in_a_break_propagates_and_restores_context(device) -> None
     graph.replay()
 
 
+def _torch_class_attributes() -> dict[str, dict[str, object]]:
+    """Every attribute of the torch classes a device module exposes (and their bases)."""
+    classes = {torch.cuda.Stream, torch.cuda.Event, torch.cuda.CUDAGraph, torch.Stream,
+               torch.Event, *torch.cuda.Stream.__mro__}
+    return {f"{c.__module__}.{c.__qualname__}": dict(vars(c)) for c in classes}
+
+
+def test_no_torch_class_attribute_is_patched_outside_a_breakable_capture(device) -> None:
+    # The wait_stream hook is impl's one process-wide side effect: on the fake it patches the
+    # device's own Stream class for the capture, on CUDA torch.cuda.Stream, and never outside.
+    before = _torch_class_attributes()
+    own = dict(vars(device.Stream))
+    graph = BreakableCUDAGraph(device)
+    x = torch.zeros(2, device=device.device)
+    with BreakableCUDAGraphCapture(graph):
+        _plus1(x)
+        assert "wait_stream" in vars(device.Stream), "no hook during the capture"
+        if device.Stream not in (torch.cuda.Stream, torch.Stream):
+            assert _torch_class_attributes() == before, "a torch class patched for the fake"
+    assert _torch_class_attributes() == before, "a torch class still patched after a capture"
+    assert dict(vars(device.Stream)) == own, "the device's Stream class still patched"
+    with pytest.raises(KeyError), BreakableCUDAGraphCapture(BreakableCUDAGraph(device)):
+        raise KeyError("the body failed")
+    assert _torch_class_attributes() == before and dict(vars(device.Stream)) == own
+
+
 def test_hook_is_removed_after_a_failed_capture(device) -> None:
     before = device.Stream.__dict__.get("wait_stream")
     graph = BreakableCUDAGraph(device)

@@ -8,7 +8,6 @@ the next one, and leaving ends the last segment.
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any
@@ -33,25 +32,19 @@ from ._stream_tracking import ForkTracker, track_forks
 __all__ = ["BreakableCUDAGraphCapture", "default_capture_stream"]
 
 
-# Default capture streams, one per device object: captures that share a pool must share the
-# stream too, because the caching allocator keeps a pool's free blocks per stream.
-_SIDE_STREAMS: weakref.WeakKeyDictionary[Any, StreamLike] = weakref.WeakKeyDictionary()
-
-
 def default_capture_stream(device: DeviceModule) -> StreamLike:
-    """The side stream captures on ``device`` use unless given one: one per device (on CUDA one
-    per GPU, shared by every ``CudaDevice()``), never the default stream. Captures that share a
-    pool must share this stream too."""
-    own = getattr(device, "_side_stream", None)
-    if own is not None:  # CudaDevice: one per GPU, shared by every CudaDevice() instance
-        return own()
-    try:
-        stream = _SIDE_STREAMS.get(device)
-        if stream is None:
-            stream = _SIDE_STREAMS[device] = device.Stream()
-    except TypeError:  # a device object that cannot be weakly referenced: one per capture
-        stream = device.Stream()
-    return stream
+    """The stream captures on ``device`` use unless given one: ``device.capture_stream()``, the
+    device's one default capture stream (on CUDA one per GPU, shared by every ``CudaDevice()``),
+    never the default stream. Captures that share a pool must share this stream too (the
+    caching allocator keeps a pool's free blocks per stream). :class:`TypeError` naming the
+    device when it has no ``capture_stream()`` (a device module older than the protocol)."""
+    method = getattr(device, "capture_stream", None)
+    if method is None:
+        raise TypeError(
+            f"device {device!r} has no capture_stream(): the device protocol "
+            "(spec.DeviceModule) requires one; pass stream= explicitly"
+        )
+    return method()
 
 
 class BreakableCUDAGraphCapture:
@@ -62,8 +55,8 @@ class BreakableCUDAGraphCapture:
             :class:`spec.GraphNotEmpty` otherwise, ``LIFE-2``).
         pool: pool token every segment allocates from (``device.graph_pool_handle()`` or another
             graph's ``pool()``); ``None`` makes a fresh one, available as ``graph.pool()``.
-        stream: the capture stream; ``None`` uses one side stream per device, shared by all
-            breakable captures on it (never the default stream).
+        stream: the capture stream; ``None`` uses ``device.capture_stream()``, shared by all
+            captures on the device (never the default stream).
         capture_error_mode: as for ``device.graph``: ``"global"`` forbids unsafe calls from any
             thread while a segment captures, ``"thread_local"`` only from this thread,
             ``"relaxed"`` nothing beyond what the device cannot record.

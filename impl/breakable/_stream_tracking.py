@@ -8,7 +8,15 @@ code that may have forked a stream and will join it only later, so it needs to k
 :func:`track_forks` wraps ``device.Stream.wait_stream`` for the duration of one capture. The
 wrapper is installed on the class (so every stream object, including those model code gets from
 the device or from ``torch.cuda`` directly, goes through it), reference-counted per class, and
-removed when the last tracker leaves, also when the capture fails.
+removed when the last capture using it ends, on every exit path. A call reaches the tracker of
+*its own* context (a :class:`~contextvars.ContextVar` set by the capture): another thread's or
+task's ``wait_stream`` goes to the original method unchanged, even while the wrapper is
+installed.
+
+.. warning::
+    This is impl's one process-wide side effect: while a breakable capture is active, the
+    device's ``Stream`` class (``torch.cuda.Stream`` on CUDA) has a ``wait_stream`` attribute of
+    impl's. Outside breakable captures no class attribute is patched (``BCG-9``).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from spec import DeviceModule, StreamLike
@@ -68,8 +77,12 @@ class ForkTracker:
                 self._original(self.origin, fork)
 
 
+_TRACKER: ContextVar[ForkTracker | None] = ContextVar("impl_fork_tracker", default=None)
+"""The fork tracker of the breakable capture running in this context, if any."""
+
+
 class _Installed:
-    """The wrapper installed on one stream class and the trackers using it (innermost last)."""
+    """The wrapper installed on one stream class, and how many captures use it."""
 
     def __init__(self, cls: type) -> None:
         self.cls = cls
@@ -78,14 +91,16 @@ class _Installed:
         self.original: _WaitStream = (
             cls.__dict__["wait_stream"] if self.had_own else cls.wait_stream  # type: ignore[attr-defined]
         )
-        self.trackers: list[ForkTracker] = []
+        self.users = 0
 
         installed = self
 
         def wait_stream(waiter: Any, stream: Any) -> Any:
-            if not installed.trackers:
+            tracker = _TRACKER.get()
+            # Only the calling context's own capture tracks, and only streams of its device.
+            if tracker is None or tracker.device.Stream is not installed.cls:
                 return installed.original(waiter, stream)
-            return installed.trackers[-1].on_wait_stream(waiter, stream)
+            return tracker.on_wait_stream(waiter, stream)
 
         wait_stream.__wrapped__ = self.original  # type: ignore[attr-defined]
         wait_stream.__doc__ = getattr(self.original, "__doc__", None)
@@ -101,16 +116,21 @@ class _Installed:
             delattr(self.cls, "wait_stream")
 
 
+# Process-wide because the patched classes are: one wrapper per class, whichever thread
+# installed it, removed when the last capture using it ends.
 _INSTALLED: dict[type, _Installed] = {}
 _LOCK = threading.Lock()
 
 
 @contextmanager
 def track_forks(device: DeviceModule, origin: StreamLike) -> Iterator[ForkTracker]:
-    """Track forks from ``origin`` while the body runs; see :class:`ForkTracker`.
+    """Track forks from ``origin`` while the body runs, in this context; see
+    :class:`ForkTracker`.
 
-    The ``wait_stream`` wrapper is installed on ``device.Stream`` on entry and removed on exit
-    (the class's own method restored) when no other tracker uses it, even if the body raises.
+    The ``wait_stream`` wrapper is installed on ``device.Stream`` on entry (unless another
+    capture already installed it) and removed on exit, the class's own method restored, when no
+    other capture uses it, even if the body raises. The tracker is this context's: calls made
+    in other threads or tasks are not tracked.
     """
     cls = device.Stream
     with _LOCK:
@@ -118,14 +138,16 @@ def track_forks(device: DeviceModule, origin: StreamLike) -> Iterator[ForkTracke
         if installed is None:
             installed = _INSTALLED[cls] = _Installed(cls)
             installed.install()
-        tracker = ForkTracker(device, origin, installed.original)
-        installed.trackers.append(tracker)
+        installed.users += 1
+    tracker = ForkTracker(device, origin, installed.original)
+    token = _TRACKER.set(tracker)
     try:
         yield tracker
     finally:
+        _TRACKER.reset(token)
         with _LOCK:
-            installed.trackers.remove(tracker)
-            if not installed.trackers:
+            installed.users -= 1
+            if not installed.users:
                 installed.remove()
                 del _INSTALLED[cls]
 

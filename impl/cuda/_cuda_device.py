@@ -433,7 +433,7 @@ class _CaptureContext:
         self._device = device
         self._graph = cuda_graph
         self._pool = pool
-        self._stream = stream if stream is not None else device._side_stream()
+        self._stream = stream if stream is not None else device.capture_stream()
         self._mode = capture_error_mode
         self._stream_ctx: Any = None
 
@@ -524,9 +524,10 @@ class CudaDevice:
     Stream: type = torch.cuda.Stream
     Event: type = torch.cuda.Event
 
-    # Side streams used when graph() is given no stream, one per device index, shared by every
-    # CudaDevice so that captures sharing a pool also share the stream its blocks belong to.
-    _side_streams: dict[int, torch.cuda.Stream] = {}  # noqa: RUF012
+    # Default capture streams, one per GPU index. Process-wide on purpose: the caching
+    # allocator, which keeps a pool's free blocks per stream, is process-wide too, so every
+    # CudaDevice() of one GPU must capture on the same stream for pools shared between them.
+    _capture_streams: dict[int, torch.cuda.Stream] = {}  # noqa: RUF012
 
     def __init__(self) -> None:
         if not torch.cuda.is_available():
@@ -539,11 +540,15 @@ class CudaDevice:
     def __repr__(self) -> str:
         return f"CudaDevice({self.device})"
 
-    def _side_stream(self) -> torch.cuda.Stream:
+    def capture_stream(self) -> torch.cuda.Stream:
+        """The default capture stream of this GPU (``torch.cuda.graph``'s
+        ``default_capture_stream`` idea): a side stream created on first use, shared by every
+        ``CudaDevice`` of the GPU, never the default stream. ``graph()`` without a stream,
+        breakable captures and runners capture on it."""
         index = self.device.index
-        stream = self._side_streams.get(index)
+        stream = self._capture_streams.get(index)
         if stream is None:
-            stream = self._side_streams[index] = torch.cuda.Stream(self.device)
+            stream = self._capture_streams[index] = torch.cuda.Stream(self.device)
         return stream
 
     # -- graphs -------------------------------------------------------------------------------
