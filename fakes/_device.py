@@ -539,6 +539,8 @@ class FakeDevice:
         self._replays += 1
 
 
+# Process-wide because what it warms is: torch's lazy imports of meta kernels happen once per
+# interpreter, whichever device triggers them.
 _warmed_up = False
 
 

@@ -129,6 +129,8 @@ class _Uncacheable(Exception):
 
 _SCALARS = (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.layout,
             torch.memory_format)
+# Process-wide on purpose: meta kernels are pure functions of the op and the operands'
+# geometry, so one cache serves every device and capture; it holds no tensor and no device state.
 _META_CACHE: dict[Any, Any] = {}
 _META_CACHE_SIZE = 8192
 

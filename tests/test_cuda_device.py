@@ -47,3 +47,55 @@ def test_cuda_device_basics() -> None:
     assert device.current_stream() != side
     handle = device.weak_ref_tensor(torch.arange(4.0, device=device.device))
     assert handle.shape == (4,)
+
+
+_SHARED_POOL_AFTER_FAILURE = """
+import torch, impl, spec
+dev = impl.CudaDevice()
+pool = dev.graph_pool_handle()
+x = torch.ones(1 << 16, device=dev.device)
+g0 = dev.CUDAGraph()
+with dev.graph(g0, pool=pool):
+    y0 = x * 2
+g1 = dev.CUDAGraph()
+side = dev.Stream()
+try:
+    with dev.graph(g1, pool=pool):
+        side.wait_stream(dev.current_stream())
+        with dev.stream(side):
+            _ = x * 3  # never joined: capture_end fails (cudaErrorStreamCaptureUnjoined)
+except spec.UnjoinedStream:
+    pass
+else:
+    raise SystemExit("the unjoined capture did not fail")
+assert g1.state is spec.GraphState.FAILED, g1.state
+del g1
+torch.cuda.synchronize()
+torch.cuda.empty_cache()  # a pool released too early loses its blocks to the next allocation
+sentinel = torch.full((1 << 16,), -7.0, device=dev.device)
+g2 = dev.CUDAGraph()
+with dev.graph(g2, pool=pool):
+    y2 = x + 5
+x.fill_(3.0)
+g0.replay()
+g2.replay()
+torch.cuda.synchronize()
+assert bool((y0 == 6).all()) and bool((y2 == 8).all()), (y0[:4], y2[:4])
+assert bool((sentinel == -7).all()), "a replay wrote memory the allocator had handed on"
+del g0, g2, y0, y2, pool
+torch.cuda.synchronize()
+torch.cuda.empty_cache()  # a pool released twice trips the allocator's use-count assert here
+print("ok")
+"""
+
+
+@pytest.mark.gpu
+def test_a_failed_capture_into_a_shared_pool_releases_it_once() -> None:
+    # In a fresh interpreter: a double release corrupts the allocator of the process it runs in.
+    proc = subprocess.run(
+        [sys.executable, "-c", _SHARED_POOL_AFTER_FAILURE],
+        capture_output=True, text=True, check=False, timeout=300,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), (
+        f"exit {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
+    )

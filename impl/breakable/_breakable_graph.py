@@ -30,7 +30,9 @@ from ._graph_break import GraphBreak
 
 __all__ = ["BreakableCUDAGraph"]
 
-# One counter for the whole process: a replay id names one replay of one graph uniquely.
+# One counter for the whole process, by specification (BCG-3): a replay id names one replay of
+# one graph uniquely among all graphs, so break code shared by the graphs of several sizes can
+# do per-step work once per replay. It orders nothing and holds no object.
 _REPLAY_IDS = itertools.count(1)
 
 

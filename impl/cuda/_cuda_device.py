@@ -76,18 +76,9 @@ _CUDA_CAPTURE_IMPLICIT: Final = 906  # the legacy stream would depend on a captu
 _CUDA_CAPTURED_EVENT: Final = 907  # query/sync of an event recorded in a capture
 # Any other CUDA code (and 900/907 at capture_end) becomes CaptureInvalidated (CAP-6), e.g. 905,
 # cudaErrorStreamCaptureIsolation, raised by a capturing stream's wait on an event recorded
-# outside the capture, and the 901 of the capture_end that follows it.
-
-# When an error carries no ``error_code`` (torch < 2.8 raised plain RuntimeError), the CUDA
-# error string is the only clue. These are the driver's fixed descriptions, not torch's prose.
-_CUDA_ERROR_TEXT: Final = (
-    ("operation not permitted when stream is capturing", _CUDA_CAPTURE_UNSUPPORTED),
-    ("operation failed due to a previous error during capture", _CUDA_CAPTURE_INVALIDATED),
-    ("capturing stream has unjoined work", _CUDA_CAPTURE_UNJOINED),
-    ("would make the legacy stream depend on a capturing blocking stream", _CUDA_CAPTURE_IMPLICIT),
-    ("operation not permitted on an event last recorded in a capturing stream",
-     _CUDA_CAPTURED_EVENT),
-)
+# outside the capture, and the 901 of the capture_end that follows it. The code comes from
+# torch.AcceleratorError.error_code (every CUDA failure carries one since torch 2.8; the project
+# needs 2.11), never from the message.
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,16 +119,21 @@ def _checked(result: Any, what: str) -> Any:
 
 
 def _cuda_error_code(error: BaseException) -> int | None:
-    """The ``cudaError_t`` behind a torch error: ``error_code`` when torch set it
-    (``torch.AcceleratorError``), else recognised from the driver's error string."""
+    """The ``cudaError_t`` behind a torch error: ``torch.AcceleratorError.error_code``;
+    ``None`` for an error that carries none (torch's own checks, the caller's errors)."""
     code = getattr(error, "error_code", None)
-    if isinstance(code, int) and code:
-        return code
-    text = str(error)
-    for fragment, value in _CUDA_ERROR_TEXT:
-        if fragment in text:
-            return value
-    return None
+    return code if isinstance(code, int) and code else None
+
+
+def _cuda_error_name(code: int) -> str:
+    """``cudaErrorStreamCaptureUnjoined (904)``: the name cuda-bindings gives ``code``, when
+    it is installed, and the number."""
+    rt = _cudart()
+    try:
+        name = rt.cudaError_t(code).name if rt is not None else None
+    except Exception:  # a code this cuda-python does not know
+        name = None
+    return f"{name} ({code})" if name else f"CUDA error {code}"
 
 
 def _translate(error: BaseException, *, at_end: bool) -> BaseException:
@@ -150,11 +146,15 @@ def _translate(error: BaseException, *, at_end: bool) -> BaseException:
         return error
     code = _cuda_error_code(error)
     detail = str(error).splitlines()[0] if str(error) else None
+    if code is not None:
+        detail = f"{_cuda_error_name(code)}: {detail}" if detail else _cuda_error_name(code)
     if code == _CUDA_CAPTURE_UNJOINED:
         return UnjoinedStream(detail=detail)
     if code in (_CUDA_CAPTURE_UNSUPPORTED, _CUDA_CAPTURED_EVENT) and not at_end:
         return SyncDuringCapture(type(error).__name__, detail=detail)
-    # torch refuses some ops during capture with its own check (no CUDA code), naming capture.
+    # torch refuses some ops during capture with its own TORCH_CHECK (nonzero, for one), which
+    # carries no CUDA code: the one case left where only the message (it names the capture)
+    # tells a capture failure from an error of the caller's code.
     if code is not None or at_end or "captur" in (detail or "").lower():
         return CaptureInvalidated(detail=detail)
     return error
@@ -165,8 +165,10 @@ def _translate(error: BaseException, *, at_end: bool) -> BaseException:
 # ---------------------------------------------------------------------------------------------
 
 # Graphs whose capture was begun through this module and not yet ended. A new capture while this
-# is non-empty is nested (CAP-4). A set of weak references so that a graph dropped mid-capture
-# (never ended) does not keep the check failing forever.
+# is non-empty is nested (CAP-4). Process-wide because CUDA's global capture mode is: a capture
+# on any thread makes another capture, or an unsafe call, fail for the whole process. A set of
+# weak references so that a graph dropped mid-capture (never ended) does not keep the check
+# failing forever.
 _ACTIVE: weakref.WeakSet[_CudaGraph] = weakref.WeakSet()
 _ACTIVE_LOCK = threading.Lock()
 
