@@ -212,7 +212,6 @@ def test_barrier_and_capture_stub(device, breakable_api) -> None:
         y = collective(x + 1)
         out = y - 1
     assert events == ["barrier", "stub"], f"capture ran {events}, expected barrier then stub"
-    assert graph.breaks[0].result is y, "the call returned something else than the eager result"
     events.clear()
     host = _arange(4)
     x.copy_(host)

@@ -64,17 +64,38 @@ def test_outputs_outlive_the_graph(device) -> None:
     assert _host(y) == [9.0] * 4, f"output after the graph died is {_host(y)}, expected 9s"
 
 
+def _replay_errors_without_a_complete_capture(device) -> list[BaseException | None]:
+    """What replay raises on a new graph and on a reset one (``None``: it replayed); the
+    captured op must not run either time."""
+    errors: list[BaseException | None] = []
+    graph = device.CUDAGraph()
+    x = torch.ones(2, device=device.device)
+    for reset in (False, True):
+        if reset:
+            with device.graph(graph):
+                x.add_(1)
+            graph.reset()
+        try:
+            graph.replay()
+        except Exception as error:
+            errors.append(error)
+        else:
+            errors.append(None)
+        assert _host(x) == [1.0, 1.0], f"a replay without a complete capture ran: {_host(x)}"
+    return errors
+
+
 @pytest.mark.clause("RPL-2")
 def test_replay_without_a_complete_capture(device) -> None:
-    graph = device.CUDAGraph()
-    with pytest.raises(GraphNotReady):
-        graph.replay()
-    x = torch.ones(2, device=device.device)
-    with device.graph(graph):
-        x.add_(1)
-    graph.reset()
-    with pytest.raises(GraphNotReady):
-        graph.replay()
+    errors = _replay_errors_without_a_complete_capture(device)
+    assert all(e is not None for e in errors), f"replay raised {errors} (new, reset graph)"
+
+
+@pytest.mark.strict
+@pytest.mark.clause("RPL-2")
+def test_replay_without_a_complete_capture_is_graph_not_ready(device) -> None:
+    errors = _replay_errors_without_a_complete_capture(device)
+    assert all(isinstance(e, GraphNotReady) for e in errors), f"replay raised {errors}"
 
 
 @pytest.mark.clause("CUDA-3")

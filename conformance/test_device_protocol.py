@@ -129,7 +129,7 @@ def test_graph_aborts_and_reraises_when_its_body_raises(device) -> None:
             raise _UserError("model code failed inside the capture")
     assert device.current_stream() == before, "the current stream was not restored"
     assert not device.is_stream_capturing(stream), "the capture was left open"
-    with pytest.raises(GraphNotReady):
+    with pytest.raises(Exception):  # noqa: B017 (core: any error; the class is RPL-2's strict part)
         g.replay()
     assert torch.equal(x, torch.ones(4, device=device.device)), "the aborted capture ran"
     g.reset()
@@ -145,8 +145,6 @@ def test_node_count_equals_the_number_of_op_names(device) -> None:
     x = torch.arange(8.0, device=device.device)
     out = torch.zeros(2, device=device.device)
     g = device.CUDAGraph(keep_graph=True)
-    with pytest.raises(GraphNotReady):
-        device.graph_node_count(g)
     with device.graph(g):
         doubled = x.view(2, 4) * 2
         torch.sum(doubled, 1, out=out)
@@ -155,6 +153,14 @@ def test_node_count_equals_the_number_of_op_names(device) -> None:
     count = device.graph_node_count(g)
     assert count == len(names), f"graph_node_count {count}, but {len(names)} names: {names}"
     assert count >= 1, "three captured ops recorded no work"
+
+
+@pytest.mark.strict
+@pytest.mark.clause("RPL-2", "ERR-1")
+@pytest.mark.capability("node_count")
+def test_node_count_refuses_incomplete_graphs_and_non_graphs(device) -> None:
+    with pytest.raises(GraphNotReady):
+        device.graph_node_count(device.CUDAGraph(keep_graph=True))
     with pytest.raises(TypeError):
         device.graph_node_count(object())
 

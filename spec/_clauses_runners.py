@@ -9,7 +9,8 @@ define(
         ("RUN-1", """For a hybrid sliding-window model, the decode runner installs the registry's
             out_cache_loc_swa buffer with set_swa_loc before warmup and capture, so each decode
             graph records no per-layer translation: it has exactly one translation's work items
-            per SWA layer fewer than the same runner on the slow path."""),
+            per SWA layer fewer than the same runner on the slow path. An optional runner
+            feature: a runner without the swa_fast_path and keep_graph options is skipped."""),
         ("RUN-2", """A decode replay padded from a smaller batch than an earlier replay changes no
             live request's KV (full and sliding-window pools) except at the positions written
             this step: padded rows write only the dummy slot."""),

@@ -116,3 +116,47 @@ def test_summary_counts_each_level_and_lists_non_passes() -> None:
     assert lines[0] == f"clauses on backend 'fake': {len(spec.CLAUSES)} total"
     assert any(line.startswith("  core: ") and "1 fail" in line for line in lines)
     assert any("REG-3" in line and "core" in line and "boom" in line for line in lines)
+
+
+def _run_suite(tmp_path: Path, backend: str, level: str, *pytest_args: str) -> tuple[int, dict]:
+    """``python -m conformance`` on a few tests; its exit status and the JSON column written."""
+    import subprocess
+    import sys
+
+    report = tmp_path / level
+    done = subprocess.run(
+        [sys.executable, "-m", "conformance", f"--backend={backend}", f"--level={level}",
+         f"--report-dir={report}", "--", *pytest_args],
+        capture_output=True, text=True, timeout=300,
+    )
+    data = json.loads((report / "conformance.json").read_text())
+    return done.returncode, data["backends"][next(iter(data["backends"]))]
+
+
+_ENGINE = "examples.engine_registry:make_adapter"
+_TWO_TESTS = "test_registration_initialises_buffers_per_policy or test_duplicate_slot_name"
+
+
+def test_the_exit_status_follows_the_selected_levels(tmp_path: Path) -> None:
+    # The correct-but-different registry passes the core test and fails the strict one.
+    code, column = _run_suite(tmp_path, _ENGINE, "core", "-k", _TWO_TESTS)
+    assert code == 0, "a strict failure must not fail --level core"
+    assert column["REG-2"]["core"]["status"] == "pass"
+    assert column["REG-2"]["strict"]["status"] == "not run"
+    code, column = _run_suite(tmp_path, _ENGINE, "strict", "-k", _TWO_TESTS)
+    assert code == 1, "--level strict must fail on the strict failure"
+    assert column["REG-2"]["strict"]["status"] == "fail"
+    assert column["REG-2"]["core"]["status"] == "not run"
+
+
+def test_a_multi_clause_property_fails_only_the_clause_it_names(tmp_path: Path) -> None:
+    # The toy engine never re-fills FILL_SENTINEL pad rows: the oracle property names REG-3.
+    code, column = _run_suite(
+        tmp_path, "examples.toy_engine:make_adapter", "core",
+        "-k", "test_buffers_match_oracle_after_every_fill",
+    )
+    assert code == 1
+    statuses = {c: column[c]["core"]["status"] for c in ("REG-2", "REG-3", "REG-4", "REG-5")}
+    assert statuses == {"REG-2": "skip", "REG-3": "fail", "REG-4": "skip", "REG-5": "skip"}, (
+        statuses
+    )
