@@ -28,6 +28,7 @@ def test_the_plugin_is_loaded_but_inert(pytestconfig: pytest.Config) -> None:
 def test_the_host_hypothesis_profile_is_untouched() -> None:
     from hypothesis import settings
 
-    # conftest.py registered and loaded the host's own profile; nothing replaced it.
-    assert settings.get_current_profile_name() == "host"
-    assert settings.default.max_examples == 7 and settings.default.deadline is not None
+    # conftest.py registered and loaded the host's own profile; nothing replaced or changed it
+    # (hypothesis's own CI profile may be its parent under $CI, so only what it set is checked).
+    assert settings.default.max_examples == 7
+    assert settings.default == settings.get_profile("host")
