@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import spec
+from conformance._runner_scenarios import KINDS, expect_close, make_runner
 from conformance.mutants import capture_class
 
 needs_order = pytest.mark.capability("stream_order")
@@ -317,3 +318,27 @@ def test_breakable_capture_uses_the_default_capture_stream(
     assert _same(seen, device.capture_stream()), f"captured on {seen!r}"
     graph.replay()
     assert out.cpu().tolist() == [3.0] * 4
+
+
+# ---------------------------------------------------------------------------------------------
+# The runners keep stream order (ORD-1, ORD-4, ORD-6): legitimate use raises no race
+# ---------------------------------------------------------------------------------------------
+
+
+@needs_order
+@pytest.mark.clause("ORD-1", "ORD-4", "ORD-6")
+@pytest.mark.parametrize("kind", KINDS)
+def test_runners_order_every_stream_they_use(device: Any, runner_api: Any, kind: str) -> None:
+    # The whole generation inside a default-stream body, so every eager op is tracked (ORD-5):
+    # model construction, warmups on the capture stream, captures, replays and the eager head.
+    prompts = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15], [3]]
+    limits = [4, 3, 5, 2]
+    expected = make_runner(device, kind).generate(prompts, limits)
+    with device.stream(device.default_stream()):
+        runner = make_runner(device, kind, decode=runner_api.CudaGraphRunner,
+                             prefill=runner_api.BreakableCudaGraphRunner)
+        actual = runner.generate(prompts, limits)
+    assert runner.stats.graph_replays > 0, "no graph replayed"
+    assert actual.tokens == expected.tokens, f"{kind}: {actual.tokens}, eager {expected.tokens}"
+    for i, (a, e) in enumerate(zip(actual.logits, expected.logits, strict=True)):
+        expect_close(a, e, f"{kind}, request {i}")
