@@ -99,3 +99,19 @@ def test_a_failed_capture_into_a_shared_pool_releases_it_once() -> None:
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), (
         f"exit {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
     )
+
+
+@pytest.mark.gpu
+def test_replay_callable_replays_a_ready_graph_and_refuses_others() -> None:
+    device = impl.CudaDevice()
+    graph = device.CUDAGraph()
+    with pytest.raises(spec.GraphNotReady):
+        device.replay_callable(graph)
+    x = torch.zeros(4, device=device.device)
+    with device.graph(graph):
+        x.add_(1)
+    replay = device.replay_callable(graph)
+    for _ in range(3):
+        replay()
+    torch.cuda.synchronize()
+    assert x.tolist() == [3.0] * 4, f"three replays through replay_callable gave {x.tolist()}"

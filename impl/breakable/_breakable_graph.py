@@ -204,8 +204,11 @@ class BreakableCUDAGraph:
         """Precompute the flat list replay walks: no lookups or allocations per replay beyond
         what the breaks themselves do."""
         calls: list[Callable[[], Any]] = []
+        # A device may hand out a check-free replay per graph (CudaDevice: the C++ replay
+        # bound once); safe here because these calls are dropped with the segments on reset.
+        replay_of = getattr(self._device, "replay_callable", None)
         for index, segment in enumerate(self._segments):
-            calls.append(segment.replay)
+            calls.append(replay_of(segment) if replay_of is not None else segment.replay)
             if index < len(self._breaks):
                 call = self._breaks[index].replay_callable()
                 if call is not None:

@@ -39,8 +39,9 @@ import contextlib
 import functools
 import gc
 import threading
+import types
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -575,6 +576,19 @@ class CudaDevice:
 
     def graph_pool_handle(self) -> PoolHandle:
         return torch.cuda.graph_pool_handle()
+
+    def replay_callable(self, cuda_graph: _CudaGraph) -> Callable[[], None]:
+        """A zero-argument callable replaying ``cuda_graph``, a graph whose capture is complete,
+        with no per-call checks: the C++ replay bound once. For replay loops that own the
+        graph's lifecycle (a breakable graph walks its segments with it and drops it on
+        ``reset()``), so a replay costs the launch and nothing else. torch's Python wrapper is
+        kept when it has work of its own (a liveness tracker in newer torch)."""
+        if cuda_graph.state is not GraphState.READY:
+            raise GraphNotReady("replay_callable() of a graph without a complete capture",
+                                state=cuda_graph.state)
+        if getattr(cuda_graph, "_tracker", None) is not None:
+            return cuda_graph.replay
+        return types.MethodType(torch._C._CUDAGraph.replay, cuda_graph)
 
     # -- streams ------------------------------------------------------------------------------
 
