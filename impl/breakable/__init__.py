@@ -6,11 +6,14 @@ from ._breakable_graph import BreakableCUDAGraph
 from ._breakable_state import get_replay_id, get_replay_stream, is_in_breakable_cuda_graph
 from ._eager_on_graph import break_graph, eager_on_graph, enable_breakable_cuda_graph
 from ._graph_break import GraphBreak, copy_into
+from ._profile import BreakTiming, ReplayProfile
 
 __all__ = [
+    "BreakTiming",
     "BreakableCUDAGraph",
     "BreakableCUDAGraphCapture",
     "GraphBreak",
+    "ReplayProfile",
     "break_graph",
     "copy_into",
     "default_capture_stream",

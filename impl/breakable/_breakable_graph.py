@@ -9,8 +9,9 @@ captured object and its replay; :class:`~impl.BreakableCUDAGraphCapture` fills i
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from spec import (
 
 from ._breakable_state import REPLAY
 from ._graph_break import GraphBreak
+from ._profile import Label, ReplayProfile, profile_calls
 
 __all__ = ["BreakableCUDAGraph"]
 
@@ -87,6 +89,7 @@ class BreakableCUDAGraph:
         self._segments: list[GraphLike] = []
         self._breaks: list[GraphBreak] = []
         self._calls: tuple[Callable[[], Any], ...] | None = None
+        self._labels: tuple[Label, ...] = ()  # what each of _calls is, for profile_replay
         self._pool: PoolHandle | None = None
         self._state = GraphState.EMPTY
 
@@ -156,6 +159,34 @@ class BreakableCUDAGraph:
         :func:`~impl.get_replay_id` tell break code where and which replay this is (``BCG-3``).
         :class:`GraphNotReady` without a complete capture.
         """
+        calls = self._ready_calls()
+        token = REPLAY.set((self._device, next(_REPLAY_IDS)))
+        try:
+            for call in calls:
+                call()
+        finally:
+            REPLAY.reset(token)
+
+    def profile_replay(self) -> ReplayProfile:
+        """Replay with a device event after every segment and break, and report per break its
+        host time, its device span and, where the device can be kept busy on purpose
+        (:class:`impl.CudaDevice`), the device idle time it causes (a second replay, with the
+        device kept busy while the host launches each break, gives the break's own device
+        time). For finding which break costs what; slower than :meth:`replay` (two replays
+        and the events). :class:`GraphNotReady` without a complete capture."""
+        calls = self._ready_calls()
+
+        @contextlib.contextmanager
+        def scope() -> Iterator[None]:
+            token = REPLAY.set((self._device, next(_REPLAY_IDS)))
+            try:
+                yield
+            finally:
+                REPLAY.reset(token)
+
+        return profile_calls(self._device, calls, self._labels, scope)
+
+    def _ready_calls(self) -> tuple[Callable[[], Any], ...]:
         calls = self._calls
         if calls is None:
             raise GraphNotReady(
@@ -164,12 +195,7 @@ class BreakableCUDAGraph:
                    if self._state is GraphState.FAILED else ""),
                 state=self._state,
             )
-        token = REPLAY.set((self._device, next(_REPLAY_IDS)))
-        try:
-            for call in calls:
-                call()
-        finally:
-            REPLAY.reset(token)
+        return calls
 
     def reset(self) -> None:
         """Drop the segments (releasing their hold on the pool), the breaks and the objects they
@@ -183,6 +209,7 @@ class BreakableCUDAGraph:
         segments, self._segments = self._segments, []
         self._breaks = []
         self._calls = None
+        self._labels = ()
         self._pool = None
         self._state = GraphState.EMPTY
         for segment in segments:
@@ -207,13 +234,18 @@ class BreakableCUDAGraph:
         # A device may hand out a check-free replay per graph (CudaDevice: the C++ replay
         # bound once); safe here because these calls are dropped with the segments on reset.
         replay_of = getattr(self._device, "replay_callable", None)
+        labels: list[Label] = []
         for index, segment in enumerate(self._segments):
             calls.append(replay_of(segment) if replay_of is not None else segment.replay)
+            labels.append(("segment", index, ""))
             if index < len(self._breaks):
-                call = self._breaks[index].replay_callable()
+                graph_break = self._breaks[index]
+                call = graph_break.replay_callable()
                 if call is not None:
                     calls.append(call)
+                    labels.append(("break", index, graph_break.name))
         self._calls = tuple(calls)
+        self._labels = tuple(labels)
         self._state = GraphState.READY
 
     def _fail_capture(self) -> None:
@@ -222,6 +254,7 @@ class BreakableCUDAGraph:
         segments, self._segments = self._segments, []
         self._breaks = []
         self._calls = None
+        self._labels = ()
         self._pool = None
         self._state = GraphState.FAILED
         for segment in segments:

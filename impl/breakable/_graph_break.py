@@ -149,9 +149,15 @@ class GraphBreak:
         self.kwargs = dict(kwargs or {})
         self.result = result
 
+    @property
+    def name(self) -> str:
+        """The break function's qualified name (``"break_graph"`` for an empty break)."""
+        if self.fn is None:
+            return "break_graph"
+        return getattr(self.fn, "__qualname__", repr(self.fn))
+
     def __repr__(self) -> str:
-        name = getattr(self.fn, "__qualname__", repr(self.fn))
-        return f"GraphBreak({name}, {len(self.args)} args, {len(self.kwargs)} kwargs)"
+        return f"GraphBreak({self.name}, {len(self.args)} args, {len(self.kwargs)} kwargs)"
 
     def replay_callable(self) -> Callable[[], None] | None:
         """The zero-argument callable that replay runs for this break (``None``: nothing to

@@ -539,9 +539,26 @@ class CudaDevice:
                 "on a machine without a GPU use fakes.FakeDevice() (spec.get_device('fake'))"
             )
         self.device = torch.device("cuda", torch.cuda.current_device())
+        self._sleep_cycles_per_us: float | None = None
 
     def __repr__(self) -> str:
         return f"CudaDevice({self.device})"
+
+    def busy_wait(self, us: float) -> None:
+        """Enqueue on the current stream a kernel that keeps the GPU busy for about ``us``
+        microseconds (``torch.cuda._sleep``; its cycles per microsecond measured once). Never
+        synchronizes after that first measurement. For profiling: see
+        :meth:`impl.BreakableCUDAGraph.profile_replay`."""
+        if self._sleep_cycles_per_us is None:
+            cycles = 20_000_000
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(1000)  # the kernel loaded before it is timed
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            end.synchronize()
+            self._sleep_cycles_per_us = cycles / max(start.elapsed_time(end) * 1e3, 1e-3)
+        torch.cuda._sleep(max(1, int(us * self._sleep_cycles_per_us)))
 
     def capture_stream(self) -> torch.cuda.Stream:
         """The default capture stream of this GPU (``torch.cuda.graph``'s

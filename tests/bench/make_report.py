@@ -90,14 +90,16 @@ def _end_to_end(data: dict[str, Any]) -> list[str]:
                          f"{r['eager_over_breakable']:.2f}",
                          f"{r['breakable_over_full_graph']:.2f}",
                          f"{r['breakable_minus_full_per_break_us']:.1f}",
-                         f"{r.get('break_host_us', 0):.1f}", compiled, _verdict(ok)])
+                         f"{r.get('break_host_us', 0):.1f}",
+                         f"{r['break_idle_us']:.1f}" if r.get("break_idle_us") is not None
+                         else "-", compiled, _verdict(ok)])
         out += [f"Prefill, {name} (targets: eager/breakable >= 2 up to 128 tokens, "
                 "breakable/full <= 1.3 from 512):", ""]
         if "compile_error" in section:
             out += [f"torch.compile did not run: `{section['compile_error']}`", ""]
         out += _table(["tokens", "reqs", "eager us", "breakable us", "full graph us",
                        "eager/brk", "brk/full", "us per break over full", "break host us",
-                       "brk/compiled (compile s)", "verdict"], rows)
+                       "break idle us", "brk/compiled (compile s)", "verdict"], rows)
     return out
 
 

@@ -12,8 +12,9 @@ Two measurements on a reference model (:func:`impl.models.build_model`, ``"dense
   ``model(batch)`` with attention inside, captured for that exact batch (valid for that shape
   only: the lower bound a breakable graph is compared with). Targets: breakable >= 2x faster
   than eager up to 128 tokens, and within 1.3x of the full graph from 512 tokens. What a
-  break costs: (breakable - full graph) / breaks, and :func:`profile_breaks` of one replay
-  (device events after every segment and break: a break's host time and its device span).
+  break costs: (breakable - full graph) / breaks, and :func:`profile_breaks`
+  (``BreakableCUDAGraph.profile_replay``: a break's host time, its device span, and the device
+  idle time it causes).
 
 Each batch is built once (``ModelRunner._batch``: KV slots allocated, the request-to-token table
 written) and run again and again, so every repetition writes the same KV slots and the cache
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import bisect
 import datetime
-import itertools
 import json
 import os
 import statistics
@@ -230,53 +230,23 @@ def run_decode(
 # -- prefill -----------------------------------------------------------------------------------
 
 
-def profile_breaks(device: Any, graph: Any, replay: Callable[[], Any]) -> dict[str, float]:
-    """One ``replay()`` (which must replay ``graph`` once) with a device event after every
-    segment and every break and a host clock beside each: medians over the breaks of the host
-    time a break takes (its launches plus ours) and of its span on the device (from the end of
-    the segment before it to the end of its own work: its kernels plus the time the device
-    waited for the host to launch them), and the median device time of a segment. Reads the
-    graph's private call list (segment, break, segment, ...): a benchmark's look inside."""
-    calls = graph._calls
-    marks: list[tuple[Any, float]] = []
-
-    def timed(call: Callable[[], Any]) -> Callable[[], Any]:
-        def run() -> None:
-            call()
-            event = device.Event(enable_timing=True)
-            event.record()
-            marks.append((event, time.perf_counter()))
-        return run
-
-    def first(call: Callable[[], Any]) -> Callable[[], Any]:
-        def run() -> None:
-            event = device.Event(enable_timing=True)
-            event.record()
-            marks.append((event, time.perf_counter()))
-            timed(call)()
-        return run
-
-    wrapped = [timed(call) for call in calls]
-    wrapped[0] = first(calls[0])
-    device.synchronize()
-    graph._calls = tuple(wrapped)
-    try:
-        replay()
-    finally:
-        graph._calls = calls
-    device.synchronize()
-    spans = [
-        (a.elapsed_time(b) * 1e3, (hb - ha) * 1e6)
-        for (a, ha), (b, hb) in itertools.pairwise(marks)
-    ]
-    segments, breaks = spans[0::2], spans[1::2]
+def profile_breaks(runner: ModelRunner, graph: Any, batch: ForwardBatch) -> dict[str, Any]:
+    """:meth:`impl.BreakableCUDAGraph.profile_replay` of the prefill graph that served
+    ``batch`` (after a replay of it, so the registry and the metadata hold ``batch``): medians
+    over the breaks of host time, device span and the device idle time a break causes."""
+    runner.prefill_runner.replay(batch)
+    with set_forward_context(batch):
+        profile = graph.profile_replay()
+    breaks = profile.breaks
     if not breaks:
         return {"breaks": 0}
+    idle = [b.idle_us for b in breaks if b.idle_us is not None]
     return {
         "breaks": len(breaks),
-        "break_host_us": statistics.median(host for _, host in breaks),
-        "break_device_span_us": statistics.median(gpu for gpu, _ in breaks),
-        "segment_device_us": statistics.median(gpu for gpu, _ in segments),
+        "break_host_us": statistics.median(b.host_us for b in breaks),
+        "break_device_span_us": statistics.median(b.device_us for b in breaks),
+        "break_idle_us": statistics.median(idle) if idle else None,
+        "segment_device_us": statistics.median(profile.segments_us),
     }
 
 
@@ -379,8 +349,7 @@ def run_prefill(
                 timing = _interleaved(device, variants, budget)
                 sizes = runner.prefill_runner.capture_num_tokens
                 padded = sizes[bisect.bisect_left(sizes, tokens)]
-                profile = profile_breaks(device, runner.prefill_runner.graphs[padded],
-                                         variants["breakable"])
+                profile = profile_breaks(runner, runner.prefill_runner.graphs[padded], batch)
                 per_break = (timing["breakable"] - timing["full_graph"]) / max(
                     1, profile["breaks"])
                 rows.append({
@@ -448,7 +417,8 @@ def format_table(report: dict[str, Any]) -> str:
                                            if "compile_error" in section else ""))
         lines.append(f"  {'tokens':>6} {'reqs':>4} {'eager us':>10} {'brk us':>10} "
                      f"{'full us':>10} {'eager/brk':>9} {'brk/full':>8} {'+/break':>8} "
-                     f"{'brk host':>8} {'brk span':>8} {'seg gpu':>8} {'compiled':>9}")
+                     f"{'brk host':>8} {'brk span':>8} {'brk idle':>8} {'seg gpu':>8} "
+                     f"{'compiled':>9}")
         for r in section["results"]:
             lines.append(
                 f"  {r['tokens']:>6} {r['requests']:>4} {r['eager_us']:>10.1f} "
@@ -456,7 +426,7 @@ def format_table(report: dict[str, Any]) -> str:
                 f"{r['eager_over_breakable']:>9.2f} {r['breakable_over_full_graph']:>8.2f} "
                 f"{r['breakable_minus_full_per_break_us']:>8.1f} "
                 f"{r.get('break_host_us', 0.0):>8.1f} {r.get('break_device_span_us', 0.0):>8.1f} "
-                f"{r.get('segment_device_us', 0.0):>8.1f} "
+                f"{r.get('break_idle_us') or 0.0:>8.1f} {r.get('segment_device_us', 0.0):>8.1f} "
                 f"{r.get('compiled_us', float('nan')):>9.1f}"
             )
     return "\n".join(lines)
