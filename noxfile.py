@@ -113,9 +113,10 @@ def gpu(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks (pytest-benchmark). JSON under ``reports/``: pytest-benchmark's full output and
-    one summary per benchmark with the ratios against its same-run baseline. On a CUDA runner use
-    ``nox --no-venv -s bench`` so the runner's torch is used."""
+    """Benchmarks (pytest-benchmark), then the report: under ``reports/``, pytest-benchmark's
+    JSON, one JSON per benchmark with its ratios against a baseline of the same run, and
+    ``bench.md`` with the plots (``tests/bench/make_report.py``). On a CUDA runner use
+    ``nox --no-venv -s bench`` so the runner's torch is used (under 10 minutes on an H100)."""
     _install(session, "test")
     os.makedirs(REPORTS, exist_ok=True)
     session.env["BENCH_REPORT_DIR"] = REPORTS
@@ -125,6 +126,7 @@ def bench(session: nox.Session) -> None:
         "--benchmark-only",
         f"--benchmark-json={REPORTS}/benchmarks.json",
     )
+    session.run("python", "-m", "tests.bench.make_report", REPORTS)
 
 
 @nox.session
