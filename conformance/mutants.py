@@ -68,7 +68,17 @@ class _Weak:
         self.handle = handle
 
 
-class _WeakInputsBreak:
+class _MutantBreak:
+    """What a breakable graph reads of every break besides its replay callable: its name."""
+
+    fn: Callable[..., Any] | None
+
+    @property
+    def name(self) -> str:
+        return "break_graph" if self.fn is None else getattr(self.fn, "__qualname__", "break")
+
+
+class _WeakInputsBreak(_MutantBreak):
     """A break whose tensor arguments are weak handles, resolved at every replay."""
 
     def __init__(
@@ -102,7 +112,7 @@ class _WeakInputsBreak:
         return call
 
 
-class _WeakResultBreak:
+class _WeakResultBreak(_MutantBreak):
     """A break whose capture-time tensor result is a weak handle, resolved at every replay."""
 
     def __init__(
