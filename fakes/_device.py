@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from spec.errors import (
-    CaptureError,
     CaptureInvalidated,
     DefaultStreamCapture,
     FreedMemoryAccess,
@@ -23,7 +22,6 @@ from spec.errors import (
     NestedCapture,
     PoolClobber,
     SyncDuringCapture,
-    UnjoinedStream,
     UnsupportedInCapture,
 )
 from spec.protocol import CaptureErrorMode, GraphState, check_capture_error_mode
@@ -31,7 +29,7 @@ from spec.protocol import CaptureErrorMode, GraphState, check_capture_error_mode
 from ._allocator import Block, FakePool, external_label
 from ._compat import no_python_dispatch, remove_dispatch_mode
 from ._graph import FakeCUDAGraph, Program
-from ._mode import Recorder, RecordingMode, StreamOrderMode
+from ._mode import StreamOrderMode
 from ._streams import Capture, FakeEvent, FakeStream, StreamOrder
 
 __all__ = ["FakeDevice", "FakeDeviceInfo", "WeakTensorRef"]
@@ -107,7 +105,10 @@ class FakeDevice:
     :class:`FakeEvent` and :class:`FakeCUDAGraph` bound to this device.
 
     Construction warms up what the recorder imports lazily (meta-device shape inference), so the
-    first capture is as fast as later ones (``FAKE-5``).
+    first capture is as fast as later ones (``FAKE-5``). It must run a capture to do so: the
+    lazy imports happen inside torch's meta kernels and decompositions, which only recording an
+    op reaches. So the first ``FakeDevice()`` of a process captures and replays one small
+    program on its own streams and pools, then resets its counters; later devices skip it.
 
     .. warning:: Host reads that never reach the dispatcher for a CPU tensor (``.tolist()``,
        ``.numpy()``, ``.cpu()``, printing) cannot be detected during capture; they read the
@@ -151,7 +152,6 @@ class FakeDevice:
         self._capture: Capture | None = None
         self._blocks: weakref.WeakValueDictionary[int, Block] = weakref.WeakValueDictionary()
         self._pools: weakref.WeakSet[FakePool] = weakref.WeakSet()
-        self._stale_modes: list[RecordingMode] = []
         self._serials = itertools.count(1)
         self._captures = 0
         self._aborted = 0
@@ -215,19 +215,16 @@ class FakeDevice:
         ordered after all work issued so far (``ORD-1``). ``SyncDuringCapture`` during a
         capture, in every ``capture_error_mode`` (it waits on the capturing stream, ``CAP-2``).
         """
-        self._sweep()
         self._host_sync("synchronize()", touches_capture=True)
         self._order.synchronize()
 
     def is_current_stream_capturing(self) -> bool:
         """Whether the current stream belongs to a capture in progress (``DEV-3``)."""
-        self._sweep()
         return self.current_stream()._capture is not None
 
     def is_stream_capturing(self, stream: FakeStream) -> bool:
         """Whether ``stream`` is the capturing stream or forked into its capture (``DEV-3``)."""
         self._check_stream(stream, "stream")
-        self._sweep()
         return stream._capture is not None
 
     # -- graphs -------------------------------------------------------------------------------
@@ -273,17 +270,19 @@ class FakeDevice:
             stream = self.capture_stream()
         with self.stream(stream):
             cuda_graph.capture_begin(pool=pool, capture_error_mode=capture_error_mode)
+            capture = cuda_graph._capture
+            assert capture is not None
             try:
                 yield cuda_graph
             except BaseException as exc:
-                if cuda_graph._state is GraphState.CAPTURING:
+                if not capture.closed:
                     err = CaptureInvalidated(
                         "capture aborted by an exception in the captured code",
                         detail=type(exc).__name__,
                     )
                     err.__cause__ = exc
-                    self._abort_capture(cuda_graph, err)
-                self._sweep()
+                    self._fail_capture(capture, err)
+                capture.release_mode()  # the capture's bracket: outside any dispatch now
                 raise
             cuda_graph.capture_end()
 
@@ -332,7 +331,6 @@ class FakeDevice:
 
     def cache_info(self) -> FakeDeviceInfo:
         """A frozen snapshot of the device's counters (see :class:`FakeDeviceInfo`)."""
-        self._sweep()
         pools = list(self._pools)
         blocks = [b for p in pools for b in p.blocks()]
         live = sum(1 for b in blocks if b.tenant_storage() is not None)
@@ -385,12 +383,6 @@ class FakeDevice:
             raise TypeError(f"graph must be a CUDAGraph of {self!r}, got {graph!r}")
         return graph.program
 
-    def _sweep(self) -> None:
-        # Modes of captures aborted from inside their own __torch_dispatch__ could not leave
-        # the stack then; take them off now, wherever they sit.
-        if self._stale_modes:
-            self._stale_modes = [m for m in self._stale_modes if not remove_dispatch_mode(m)]
-
     def _host_sync(self, what: str, *, touches_capture: bool) -> None:
         cap = self._capture
         if cap is None or cap.closed:
@@ -430,19 +422,22 @@ class FakeDevice:
 
     def _begin_capture(
         self, graph: FakeCUDAGraph, pool: FakePool | None, capture_error_mode: Any
-    ) -> None:
-        self._sweep()
+    ) -> Capture:
+        """Check and begin a capture into ``graph`` on the current stream; the graph holds the
+        returned :class:`Capture`, the device knows it as the active capture."""
         check_capture_error_mode(capture_error_mode)
         if self._capture is not None:
-            raise NestedCapture(detail=f"{self._capture.graph!r} is capturing")
-        if graph._state is not GraphState.EMPTY:
-            raise GraphNotEmpty(f"capture_begin() on {graph!r}; reset() it first",
-                                state=graph._state)
+            raise NestedCapture(detail=f"{self._capture.label} is capturing")
+        state = graph.state
+        if state is not GraphState.EMPTY:
+            raise GraphNotEmpty(f"capture_begin() on {graph!r}; reset() it first", state=state)
         stream = self.current_stream()
         if stream._is_default:
             raise DefaultStreamCapture()
+        serial = next(self._serials)
+        label = f"<fake CUDAGraph #{serial}>"
         if pool is None:
-            pool = self._new_pool(f"private pool of {graph!r}")
+            pool = self._new_pool(f"private pool of {label}")
         elif not isinstance(pool, FakePool):
             raise TypeError(
                 "pool must be a token from graph_pool_handle() or CUDAGraph.pool() of this "
@@ -450,83 +445,41 @@ class FakeDevice:
             )
         elif pool.device_id != self.id:
             raise ValueError(f"pool {pool!r} belongs to another FakeDevice than {self!r}")
-        serial = next(self._serials)
-        cap = Capture(graph, stream, pool, capture_error_mode, serial)
-        cap.recorder = Recorder(self, cap)
-        stream._capture = cap
-        self._capture = cap
-        graph._capture = cap
-        graph._pool = pool
-        graph._serial = serial
-        graph._state = GraphState.CAPTURING
-        graph._error = None
-        mode = RecordingMode(self, cap)
-        cap.mode = mode
-        mode.__enter__()
+        capture = Capture(self, label, stream, pool, capture_error_mode, serial)
+        capture.begin()
+        self._capture = capture
+        return capture
 
-    def _end_capture(self, graph: FakeCUDAGraph) -> None:
-        self._sweep()
-        if graph._state is GraphState.FAILED:
-            assert graph._error is not None
-            raise graph._error
-        cap = graph._capture
-        if graph._state is not GraphState.CAPTURING or cap is None:
-            raise CaptureError(f"capture_end() on {graph!r}, which is not capturing")
-        if cap.unjoined:
-            err = UnjoinedStream(tuple(repr(s) for s in cap.unjoined))
-            self._abort_capture(graph, err)
-            raise err
-        assert cap.recorder is not None and cap.pool is not None
-        program = Program(cap.recorder, cap.pool)
-        self._close(cap)
-        graph._program = program
-        graph._capture = None
-        graph._state = GraphState.READY
+    def _end_capture(self, capture: Capture) -> Program:
+        """End ``capture`` (see :meth:`Capture.end`); the device has no active capture after."""
+        try:
+            program = capture.end()
+        finally:
+            if self._capture is capture:
+                self._capture = None
         self._captures += 1
+        return program
 
-    def _abort_capture(self, graph: FakeCUDAGraph, error: BaseException) -> None:
-        """End ``graph``'s capture after an error: undo its predicted writes, leave no capture
-        state on any stream, take the recorder off the mode stack (now or at the next entry
-        point), and drop the partial graph and its hold on the pool."""
-        cap = graph._capture
-        if cap is None:
-            return
-        if cap.recorder is not None:
-            for block, previous in reversed(cap.recorder.undo):
-                block.last_write = previous
-        self._close(cap)
-        graph._capture = None
-        graph._program = None
-        graph._pool = None
-        graph._state = GraphState.FAILED
-        graph._error = error
-        self._aborted += 1
-
-    def _fail_capture(self, cap: Capture, error: GraphError) -> GraphError:
-        if cap.graph is not None:
-            self._abort_capture(cap.graph, error)
+    def _fail_capture(self, capture: Capture, error: GraphError) -> GraphError:
+        """Abort ``capture`` with ``error`` (the device is clean at once, ``CAP-1``); return the
+        error for the caller to raise."""
+        if not capture.closed:
+            capture.abort(error)
+            self._aborted += 1
+        if self._capture is capture:
+            self._capture = None
         return error
 
-    def _close(self, cap: Capture) -> None:
-        mode = cap.mode
-        cap.mode = None
-        cap.close()
-        if self._capture is cap:
-            self._capture = None
-        if mode is not None and not remove_dispatch_mode(mode):
-            self._stale_modes.append(mode)
-
     def _replay(self, graph: FakeCUDAGraph) -> None:
-        self._sweep()
-        if graph._state is not GraphState.READY or graph._program is None:
-            raise GraphNotReady(f"replay() on {graph!r}", state=graph._state)
+        program = graph._program
+        if program is None:
+            raise GraphNotReady(f"replay() on {graph!r}", state=graph.state)
         cap = self._capture
         if cap is not None and self.current_stream()._capture is cap:
             raise self._fail_capture(
                 cap,
                 UnsupportedInCapture("CUDAGraph.replay", detail="replay inside a capture"),
             )
-        program = graph._program
         alive = program.check()
         # A replay is one piece of work on the current stream (ORD-3): checked as a whole
         # against stream order before anything runs, the last writer of all it writes after.

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from spec.errors import (
+    CaptureError,
     FreedMemoryAccess,
     GraphNotReady,
     PoolClobber,
@@ -41,15 +42,17 @@ if TYPE_CHECKING:
     from ._mode import Recorder
     from ._streams import Capture
 
-__all__ = ["FakeCUDAGraph", "GraphState"]
+__all__ = ["FakeCUDAGraph"]
 
 
 
 class Program:
-    """A completed capture, compiled for replay (see the module docstring)."""
+    """A completed capture, compiled for replay (see the module docstring); ``serial`` is the
+    capture's number on its device."""
 
-    def __init__(self, recorder: Recorder, pool: FakePool) -> None:
+    def __init__(self, recorder: Recorder, pool: FakePool, serial: int) -> None:
         self.pool = pool
+        self.serial = serial
         self.ops: tuple[RecordedOp, ...] = tuple(recorder.ops)
         self.refs: tuple[MemRef, ...] = tuple(recorder.refs)
         self.constants = tuple(recorder.constants)  # host constants baked into the graph
@@ -172,6 +175,9 @@ class FakeCUDAGraph:
     graph keeps its pool alive, so its replays may use pool memory whose capture-time tensors
     died (``MEM-5``); memory outside the pool is held weakly (``MEM-6``).
 
+    The graph holds a :class:`~fakes._streams.Capture` (in progress, or failed) or a
+    :class:`Program` (complete), and derives its :attr:`state` from them (``LIFE-1``).
+
     .. note:: ``keep_graph`` is accepted for signature compatibility; the fake always keeps its
        recorded program (``graph_node_count`` works either way).
     """
@@ -182,17 +188,17 @@ class FakeCUDAGraph:
         if not hasattr(type(self), "_device"):
             raise TypeError("create graphs with device.CUDAGraph(), not FakeCUDAGraph()")
         self.keep_graph = keep_graph
-        self._state = GraphState.EMPTY
-        self._pool: FakePool | None = None
-        self._capture: Capture | None = None
-        self._program: Program | None = None
-        self._error: BaseException | None = None
-        self._serial = 0
+        self._capture: Capture | None = None  # in progress, or aborted (its error kept)
+        self._program: Program | None = None  # a complete capture
 
     @property
     def state(self) -> GraphState:
         """``EMPTY``, ``CAPTURING``, ``READY`` or ``FAILED`` (``LIFE-1``, module docstring)."""
-        return self._state
+        if self._program is not None:
+            return GraphState.READY
+        if self._capture is None:
+            return GraphState.EMPTY
+        return GraphState.FAILED if self._capture.closed else GraphState.CAPTURING
 
     def capture_begin(
         self, pool: FakePool | None = None, capture_error_mode: str = "global"
@@ -205,7 +211,7 @@ class FakeCUDAGraph:
         ``capture_error_mode`` and ``TypeError``/``ValueError`` for a ``pool`` that is not a
         pool token of this device.
         """
-        self._device._begin_capture(self, pool, capture_error_mode)
+        self._capture = self._device._begin_capture(self, pool, capture_error_mode)
 
     def capture_end(self) -> None:
         """End the capture and make the graph ready.
@@ -214,7 +220,11 @@ class FakeCUDAGraph:
         capture is aborted and the device is clean either way (``CAP-1``). On a graph whose
         capture was aborted by an error, raises that error again.
         """
-        self._device._end_capture(self)
+        capture = self._capture
+        if capture is None or self._program is not None:
+            raise CaptureError(f"capture_end() on {self!r}, which is not capturing")
+        self._program = self._device._end_capture(capture)
+        self._capture = None
 
     def replay(self) -> None:
         """Run the recorded work (see the module docstring of ``fakes._graph``).
@@ -228,33 +238,35 @@ class FakeCUDAGraph:
     def reset(self) -> None:
         """Drop the recorded work and release the graph's hold on its pool: ``EMPTY``.
         ``ResetDuringCapture`` while the graph captures, changing nothing (``LIFE-3``)."""
-        if self._state is GraphState.CAPTURING:
-            raise ResetDuringCapture("reset() during the graph's capture", state=self._state)
+        state = self.state
+        if state is GraphState.CAPTURING:
+            raise ResetDuringCapture("reset() during the graph's capture", state=state)
+        if self._capture is not None:
+            self._capture.release_mode()  # a failed capture's inert recorder, if still stacked
+        self._capture = None
         self._program = None
-        self._pool = None
-        self._error = None
-        self._state = GraphState.EMPTY
 
     def pool(self) -> FakePool:
         """This graph's pool token, for later captures that should share its memory;
         ``PoolNotReady`` unless the graph is ``READY`` (``LIFE-4``)."""
-        if self._state is not GraphState.READY or self._pool is None:
-            raise PoolNotReady("pool() of a graph without a complete capture", state=self._state)
-        return self._pool
+        if self._program is None:
+            raise PoolNotReady("pool() of a graph without a complete capture", state=self.state)
+        return self._program.pool
 
     def instantiate(self) -> None:
         """A no-op on a ready graph (the fake needs no instantiation); ``GraphNotReady``
         otherwise."""
-        if self._state is not GraphState.READY:
-            raise GraphNotReady("instantiate()", state=self._state)
+        if self._program is None:
+            raise GraphNotReady("instantiate()", state=self.state)
 
     @property
     def program(self) -> Program:
         """The recorded program; ``GraphNotReady`` without a complete capture."""
         if self._program is None:
-            raise GraphNotReady("no recorded program", state=self._state)
+            raise GraphNotReady("no recorded program", state=self.state)
         return self._program
 
     def __repr__(self) -> str:
-        return f"<fake CUDAGraph #{self._serial} {self._state}>"
+        source = self._program or self._capture
+        return f"<fake CUDAGraph #{source.serial if source else 0} {self.state}>"
 

@@ -32,12 +32,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from spec.errors import StreamRace
+from spec.errors import StreamRace, UnjoinedStream
+
+from ._compat import remove_dispatch_mode
 
 if TYPE_CHECKING:
     from ._allocator import FakePool
     from ._device import FakeDevice
-    from ._graph import FakeCUDAGraph
+    from ._graph import Program
     from ._mode import Recorder, RecordingMode
 
 __all__ = ["FakeEvent", "FakeStream", "StreamOrder"]
@@ -47,22 +49,39 @@ _event_ids = itertools.count(1)
 
 
 class Capture:
-    """One capture in progress: its graph, pool, origin stream and forks, and its recorder.
+    """One capture, from ``capture_begin`` to its end or abort: the capture owns its whole life.
+
+    - :meth:`begin` ties the origin stream to the capture and pushes the capture's
+      :class:`~fakes._mode.RecordingMode`; from then on its :class:`~fakes._mode.Recorder`
+      records the work of the origin stream and of streams forked from it (:meth:`fork`,
+      :meth:`join`, :meth:`note_work`).
+    - :meth:`end` returns the recorded :class:`~fakes._graph.Program`, or raises (and aborts)
+      when a fork is unjoined (``CAP-5``) or re-raises the error that aborted the capture.
+    - :meth:`abort` undoes the capture's predicted writes and closes it, keeping the error.
+
+    Closing releases every stream and the heavy references and takes the recording mode off
+    the dispatch-mode stack. An abort raised from inside the mode's own ``__torch_dispatch__``
+    (an op the capture refuses) happens while torch holds the mode off the stack: the mode is
+    then inert (it runs everything eagerly) and is taken off at the capture's next bracket point,
+    :meth:`release_mode`, which ``capture_end()``, ``reset()`` and the end of ``graph()`` call.
+    Nothing else sweeps for it.
 
     ``unjoined`` maps each forked stream to the sequence number of its latest work (or fork)
-    that has not been joined back into ``origin``; ``capture_end`` requires it empty (``CAP-5``).
-    After the capture ends or aborts, ``closed`` is true and the heavy references are dropped.
+    that has not been joined back into ``origin``; ``capture_end`` requires it empty.
     """
 
     def __init__(
         self,
-        graph: FakeCUDAGraph,
+        device: FakeDevice,
+        label: str,
         origin: FakeStream,
         pool: FakePool,
         error_mode: str,
         serial: int,
     ) -> None:
-        self.graph: FakeCUDAGraph | None = graph
+        from ._mode import Recorder, RecordingMode  # the recorder sits above streams
+
+        self.label = label
         self.origin = origin
         self.pool: FakePool | None = pool
         self.error_mode = error_mode
@@ -71,8 +90,63 @@ class Capture:
         self.streams: list[FakeStream] = [origin]
         self.unjoined: dict[FakeStream, int] = {}
         self.closed = False
-        self.mode: RecordingMode | None = None
-        self.recorder: Recorder | None = None
+        self.error: BaseException | None = None
+        self.recorder: Recorder | None = Recorder(device, self)
+        self.mode: RecordingMode | None = RecordingMode(device, self)
+
+    # -- life -----------------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Start recording: the origin stream captures, the recording mode is pushed."""
+        self.origin._capture = self
+        assert self.mode is not None
+        self.mode.__enter__()
+
+    def end(self) -> Program:
+        """The recorded program; the capture is closed. Raises the aborting error again for an
+        aborted capture, and :class:`~spec.UnjoinedStream` (aborting it) for an unjoined fork."""
+        if self.error is not None:
+            self.release_mode()
+            raise self.error
+        if self.unjoined:
+            error = UnjoinedStream(tuple(repr(s) for s in self.unjoined))
+            self.abort(error)
+            raise error
+        from ._graph import Program  # programs are the graph module's
+
+        assert self.recorder is not None and self.pool is not None
+        program = Program(self.recorder, self.pool, self.serial)
+        self._close()
+        return program
+
+    def abort(self, error: BaseException) -> None:
+        """End the capture after ``error``: undo its predicted writes and close it."""
+        if self.closed:
+            return
+        if self.recorder is not None:
+            for block, previous in reversed(self.recorder.undo):
+                block.last_write = previous
+        self.error = error
+        self._close()
+
+    def release_mode(self) -> None:
+        """Take the recording mode off this thread's dispatch-mode stack if it is still there
+        (see the class docstring); a no-op once it is off."""
+        mode = self.mode
+        if mode is not None and remove_dispatch_mode(mode):
+            self.mode = None
+
+    def _close(self) -> None:
+        self.closed = True
+        for stream in self.streams:
+            stream._capture = None
+            stream._absorbed = {}
+        self.unjoined.clear()
+        self.pool = None
+        self.recorder = None
+        self.release_mode()
+
+    # -- forks ----------------------------------------------------------------------------------
 
     def fork(self, stream: FakeStream, covers: dict[FakeStream, int]) -> None:
         stream._capture = self
@@ -90,16 +164,6 @@ class Capture:
         for stream, seq in covers.items():
             if stream in self.unjoined and self.unjoined[stream] <= seq:
                 del self.unjoined[stream]
-
-    def close(self) -> None:
-        self.closed = True
-        for stream in self.streams:
-            stream._capture = None
-            stream._absorbed = {}
-        self.unjoined.clear()
-        self.graph = None
-        self.pool = None
-        self.recorder = None
 
 
 class FakeStream:

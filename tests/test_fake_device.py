@@ -168,3 +168,27 @@ def test_a_host_read_synchronizes_with_its_stream(device: fakes.FakeDevice) -> N
         assert x.sum().item() == 10.0  # the host waited for a's work so far
     with device.stream(b):
         assert (x + 1).tolist() == [6.0, 6.0]
+
+
+def test_a_capture_aborted_by_an_op_leaves_the_stack_at_its_own_end(
+    device: fakes.FakeDevice,
+) -> None:
+    # The abort happens inside the recorder's __torch_dispatch__, where torch holds the recorder
+    # off the stack; the capture takes it off at its next bracket point, capture_end().
+    base = _modes()
+    g = device.CUDAGraph()
+    s = device.Stream()
+    x = torch.ones(2)
+    with device.stream(s):
+        g.capture_begin()
+        with pytest.raises(spec.SyncDuringCapture):
+            (x + 1).sum().item()
+        assert g.state == spec.GraphState.FAILED
+        assert not device.is_current_stream_capturing(), "the aborted capture kept its stream"
+        assert (x * 2).tolist() == [2.0, 2.0], "the inert recorder did not run ops eagerly"
+        with pytest.raises(spec.SyncDuringCapture):
+            g.capture_end()
+        assert _modes() == base + 1, "only the stream body's mode should be left"
+    assert _modes() == base
+    g.reset()
+    assert g.state == spec.GraphState.EMPTY
