@@ -178,6 +178,11 @@ def external_label(storage: torch.UntypedStorage) -> str:
     return f"storage at {storage.data_ptr():#x} ({storage.nbytes()} B, allocated outside pools)"
 
 
+def describe_memory(memory: Block | torch.UntypedStorage) -> str:
+    """Name a piece of memory as stream order keys it: a pool block, or a storage."""
+    return memory.describe() if isinstance(memory, Block) else external_label(memory)
+
+
 @dataclass(frozen=True, slots=True)
 class MemRef:
     """The memory one recorded operand touches: where, and with which geometry.

@@ -18,7 +18,6 @@ from spec.errors import (
     FreedMemoryAccess,
     GraphError,
     GraphNotEmpty,
-    GraphNotReady,
     NestedCapture,
     PoolClobber,
     SyncDuringCapture,
@@ -355,10 +354,6 @@ class FakeDevice:
         block = self._block_of(storage)
         return storage if block is None else block
 
-    @staticmethod
-    def _describe_memory(memory: Any) -> str:
-        return memory.describe() if isinstance(memory, Block) else external_label(memory)
-
     def _check_stream(self, stream: Any, param: str) -> None:
         if not isinstance(stream, FakeStream) or stream._device is not self:
             raise TypeError(f"{param} must be a Stream of {self!r}, got {stream!r}")
@@ -470,25 +465,20 @@ class FakeDevice:
             self._capture = None
         return error
 
-    def _replay(self, graph: FakeCUDAGraph) -> None:
-        program = graph._program
-        if program is None:
-            raise GraphNotReady(f"replay() on {graph!r}", state=graph.state)
+    def _replay_stream(self) -> FakeStream:
+        """The stream a replay issued now runs on: the current stream, which must not be
+        capturing (a replay inside a capture aborts it with ``UnsupportedInCapture``)."""
+        stream = self.current_stream()
         cap = self._capture
-        if cap is not None and self.current_stream()._capture is cap:
+        if cap is not None and stream._capture is cap:
             raise self._fail_capture(
                 cap,
                 UnsupportedInCapture("CUDAGraph.replay", detail="replay inside a capture"),
             )
-        alive = program.check()
-        # A replay is one piece of work on the current stream (ORD-3): checked as a whole
-        # against stream order before anything runs, the last writer of all it writes after.
-        stream = self.current_stream()
-        reads, writes = program.memories(alive)
-        op = f"{graph!r}.replay()"
-        self._order.check(stream, op, reads, writes, self._describe_memory)
-        program.run(alive)
-        self._order.wrote(stream, stream._issue(), op, writes)
+        return stream
+
+    def _replayed(self) -> None:
+        """Count a completed replay (``cache_info().replays``)."""
         self._replays += 1
 
 

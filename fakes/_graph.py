@@ -11,10 +11,17 @@ Replay, in order:
 2. checks each *entry read* (a read of pool memory that no earlier op of the same graph wrote)
    against the block's last writer; a write made for another allocation of the block raises
    ``PoolClobber`` (``MEM-4``, precise rule in ``MEM-8``) before anything runs;
-3. runs the recorded ops in capture order on views of that memory, below every dispatch mode
+3. checks stream order (``ORD-1``, :class:`~fakes._streams.StreamOrder`): memory the graph
+   reads or writes whose last eager write was made on another stream that the replay stream
+   is not ordered after raises ``StreamRace`` before anything runs;
+4. runs the recorded ops in capture order on views of that memory, below every dispatch mode
    and under ``torch.inference_mode()`` (a graph launch is one opaque call, not aten ops);
    functional ops compute and copy into their recorded output memory;
-4. records its writes as each written block's last writer.
+5. records its writes as each written block's last writer, for the pool checks and, with the
+   replay stream, for stream order.
+
+Steps 1 to 5 are :meth:`Program.replay`; :meth:`FakeCUDAGraph.replay` calls it with the current
+stream.
 """
 
 from __future__ import annotations
@@ -33,14 +40,14 @@ from spec.errors import (
 )
 from spec.protocol import GraphState
 
-from ._allocator import Block, FakePool, MemRef, WeakMemory, WriteStamp
+from ._allocator import Block, FakePool, MemRef, WeakMemory, WriteStamp, describe_memory
 from ._compat import no_python_dispatch
 from ._ops import ReadRecord, RecordedOp, fill_slots, flatten_tensors
 
 if TYPE_CHECKING:
     from ._device import FakeDevice
     from ._mode import Recorder
-    from ._streams import Capture
+    from ._streams import Capture, FakeStream, StreamOrder
 
 __all__ = ["FakeCUDAGraph"]
 
@@ -132,6 +139,17 @@ class Program:
             return ref.block if ref.block is not None else alive[ref.weak]  # type: ignore[index]
 
         return ([memory(i) for i in self._read_refs], [memory(i) for i in self._write_refs])
+
+    def replay(self, stream: FakeStream, order: StreamOrder, op: str) -> None:
+        """Replay on ``stream``: every hazard check before anything runs (freed memory and
+        pool clobbers, :meth:`check`; stream order, ``order.check``), then the ops, then the
+        stream is the last writer of what the program wrote. The whole replay is one piece of
+        work on ``stream`` (``ORD-3``)."""
+        alive = self.check()
+        reads, writes = self.memories(alive)
+        order.check(stream, op, reads, writes, describe_memory)
+        self.run(alive)
+        order.wrote(stream, stream._issue(), op, writes)
 
     def run(self, alive: dict[WeakMemory, torch.UntypedStorage] | None = None) -> None:
         """Run the recorded ops (after :meth:`check`, whose result ``alive`` is)."""
@@ -231,9 +249,16 @@ class FakeCUDAGraph:
 
         Raises ``GraphNotReady`` without a complete capture (``RPL-2``), ``FreedMemoryAccess``
         and ``PoolClobber`` for memory hazards (``MEM-3``, ``MEM-4``), and
-        ``UnsupportedInCapture`` when called while the current stream is capturing.
+        ``UnsupportedInCapture`` when called while the current stream is capturing, and
+        ``StreamRace`` when the current stream is not ordered after the last write of memory
+        the graph touches (``ORD-1``).
         """
-        self._device._replay(self)
+        program = self._program
+        if program is None:
+            raise GraphNotReady(f"replay() on {self!r}", state=self.state)
+        device = self._device
+        program.replay(device._replay_stream(), device._order, f"{self!r}.replay()")
+        device._replayed()
 
     def reset(self) -> None:
         """Drop the recorded work and release the graph's hold on its pool: ``EMPTY``.

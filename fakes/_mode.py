@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from spec.errors import SyncDuringCapture, UnsupportedInCapture
 
-from ._allocator import MemRef, WeakMemory, WriteStamp, external_label
+from ._allocator import MemRef, WeakMemory, WriteStamp, describe_memory, external_label
 from ._compat import no_python_dispatch
 from ._ops import (
     OpInfo,
@@ -471,7 +471,7 @@ class StreamOrderMode(TorchDispatchMode):
         order = device._order
         written = [memory_of(t) for t in writes]
         order.check(stream, info.name, [memory_of(t) for t in reads], written,
-                    device._describe_memory)
+                    describe_memory)
         out = func(*args, **kwargs)
         for alias, value in zip(info.return_aliases, _returned(out, info), strict=False):
             if alias is None:
