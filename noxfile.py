@@ -51,8 +51,10 @@ def _torch_spec() -> list[str]:
 @nox.session
 def cpu(session: nox.Session) -> None:
     """The whole suite on the CPU fake: project tests (benchmarks as smoke runs), the
-    conformance suite with ``--backend=fake``, and the example third-party adapter with its
-    known failures (``examples/toy_engine.xfail``)."""
+    conformance suite with ``--backend=fake`` at every level, the example third-party adapter
+    with its known failures (``examples/toy_engine.xfail``), and the correct-but-different
+    registry (``examples/engine_registry.py``): core with no known failure, strict with only
+    strict tests listed (``examples/engine_registry.xfail``)."""
     _install(session, "test")
     _pytest(session, "tests", "--benchmark-disable")
     _conformance(session, "--backend=fake")
