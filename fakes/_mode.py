@@ -494,9 +494,10 @@ class RecordingMode(TorchDispatchMode):
     """The dispatch mode active on the capturing thread between ``capture_begin`` and the end
     (or abort) of the capture. See the module docstring for the pipeline.
 
-    Once its capture has closed the mode is inert (everything runs eagerly) until the device
-    takes it off the mode stack, which it does at its next entry point even when other modes
-    were pushed above it.
+    Once its capture has closed the mode is inert (everything runs eagerly) until its capture
+    takes it off the mode stack, at once or, after an abort from inside this mode's own
+    ``__torch_dispatch__``, at the capture's next bracket point (``capture_end()``, ``reset()``,
+    the end of ``graph()``), even when other modes were pushed above it.
     """
 
     @classmethod

@@ -35,12 +35,12 @@ import torch
 from spec.errors import StreamRace, UnjoinedStream
 
 from ._compat import remove_dispatch_mode
+from ._graph import Program
+from ._mode import Recorder, RecordingMode
 
 if TYPE_CHECKING:
     from ._allocator import FakePool
     from ._device import FakeDevice
-    from ._graph import Program
-    from ._mode import Recorder, RecordingMode
 
 __all__ = ["FakeEvent", "FakeStream", "StreamOrder"]
 
@@ -79,8 +79,6 @@ class Capture:
         error_mode: str,
         serial: int,
     ) -> None:
-        from ._mode import Recorder, RecordingMode  # the recorder sits above streams
-
         self.label = label
         self.origin = origin
         self.pool: FakePool | None = pool
@@ -112,8 +110,6 @@ class Capture:
             error = UnjoinedStream(tuple(repr(s) for s in self.unjoined))
             self.abort(error)
             raise error
-        from ._graph import Program  # programs are the graph module's
-
         assert self.recorder is not None and self.pool is not None
         program = Program(self.recorder, self.pool, self.serial)
         self._close()
