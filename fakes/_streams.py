@@ -372,7 +372,8 @@ class StreamOrder:
 
     def __init__(self) -> None:
         self.streams: weakref.WeakSet[FakeStream] = weakref.WeakSet()
-        self.host: dict[FakeStream, int] = {}
+        # Weak: a stream nobody holds issues no more work, so what the host knows of it can go.
+        self.host: weakref.WeakKeyDictionary[FakeStream, int] = weakref.WeakKeyDictionary()
         self._last: weakref.WeakKeyDictionary[Memory, LastWrite] = weakref.WeakKeyDictionary()
 
     def host_waited(self, clock: dict[FakeStream, int]) -> None:
