@@ -11,6 +11,7 @@ there (``ORD-5``).
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 from typing import Any
 
@@ -68,6 +69,10 @@ def test_a_race_names_both_streams_and_the_op_and_runs_nothing(device: Any, stre
     assert race.op == "aten::mul_.Tensor" and race.access == "write", race
     assert race.written_by == "aten::fill_.Scalar", race
     assert x.tolist() == [3.0] * 4, "the racing op ran"
+    back = pickle.loads(pickle.dumps(race))
+    assert (type(back), back.stream, back.writer, back.op) == (
+        spec.StreamRace, race.stream, race.writer, race.op
+    ), "the race's fields do not survive pickling (pytest-xdist, isolated scenarios)"
 
 
 @needs_order
