@@ -1,4 +1,5 @@
-"""Logical streams and events of the fake device, and the state of a capture in progress.
+"""Logical streams and events of the fake device, the :class:`Capture` that owns one capture's
+life, and the device's :class:`StreamOrder`.
 
 The CPU runs everything in issue order, so streams carry no work queue. They carry what CUDA
 graph capture depends on: which capture a stream belongs to (the capturing stream, or a stream
