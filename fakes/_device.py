@@ -389,32 +389,6 @@ class FakeDevice:
         ):
             raise self._fail_capture(cap, SyncDuringCapture(what))
 
-    def _on_wait(self, waiter: FakeStream, event: FakeEvent) -> None:
-        cap = event._capture
-        own = waiter._capture
-        if own is not None and event._recorded and cap is not own:
-            # A capturing stream may depend only on work of its own capture: CUDA refuses a
-            # wait on an event recorded outside it (cudaErrorStreamCaptureIsolation) and
-            # invalidates the capture (CAP-6).
-            raise self._fail_capture(
-                own,
-                CaptureInvalidated(
-                    f"{waiter!r} waited on {event!r}, which was recorded outside the capture",
-                    detail="a capturing stream may only wait on work recorded in its capture",
-                ),
-            )
-        if cap is None or cap.closed:
-            return
-        if waiter._capture is None:
-            cap.fork(waiter, event._covers)
-        elif waiter._capture is cap:
-            if waiter is cap.origin:
-                cap.join(event._covers)
-            else:
-                for stream, seq in event._covers.items():
-                    if waiter._absorbed.get(stream, -1) < seq:
-                        waiter._absorbed[stream] = seq
-
     def _begin_capture(
         self, graph: FakeCUDAGraph, pool: FakePool | None, capture_error_mode: Any
     ) -> Capture:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from spec.errors import StreamRace, UnjoinedStream
+from spec.errors import CaptureInvalidated, StreamRace, UnjoinedStream
 
 from ._compat import remove_dispatch_mode
 from ._graph import Program
@@ -219,9 +219,30 @@ class FakeStream:
         """
         if not isinstance(event, FakeEvent):
             raise TypeError(f"event must be an Event of this device, got {event!r}")
-        self._device._on_wait(self, event)
+        cap, own = event._capture, self._capture
+        if own is not None and event._recorded and cap is not own:
+            # A capturing stream may depend only on work of its own capture: CUDA refuses a
+            # wait on an event recorded outside it (cudaErrorStreamCaptureIsolation) and
+            # invalidates the capture (CAP-6).
+            raise self._device._fail_capture(
+                own,
+                CaptureInvalidated(
+                    f"{self!r} waited on {event!r}, which was recorded outside the capture",
+                    detail="a capturing stream may only wait on work recorded in its capture",
+                ),
+            )
+        if cap is not None and not cap.closed:
+            if own is None:
+                cap.fork(self, event._covers)  # a fork: this stream joins the capture
+            elif own is cap:
+                if self is cap.origin:
+                    cap.join(event._covers)
+                else:
+                    for stream, seq in event._covers.items():
+                        if self._absorbed.get(stream, -1) < seq:
+                            self._absorbed[stream] = seq
         if self._capture is None:
-            self._order_after(event._order)
+            self._order_after(event._order)  # an eager wait (ORD-1); a capture's is a node
 
     # -- stream order (owned here: only these two methods write _issued and _waited) ----------
 
