@@ -84,7 +84,10 @@ class BreakableCUDAGraphCapture:
     (``BCG-12``).
 
     While the body runs: :func:`~impl.is_in_breakable_cuda_graph` is true, ``eager_on_graph``
-    calls split the capture, and ``device.Stream.wait_stream`` is wrapped to track forks.
+    calls split the capture, and ``device.Stream.wait_stream`` is wrapped to track forks. The
+    wrapper is impl's one process-wide side effect (on CUDA it sits on ``torch.cuda.Stream``):
+    installed on entry, removed on every exit path, and it tracks only calls made in this
+    capture's own context (thread or task); other contexts' calls pass through unchanged.
 
     .. note::
         Before each segment ends, every stream forked from the capture stream that is still
