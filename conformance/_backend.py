@@ -59,9 +59,10 @@ Capability = Literal[
   (``fakes.register_op_handler``, ``fakes.classify_op``) decides what is recorded
   (``FAKE-1`` .. ``FAKE-12``).
 - ``launch_structure``: the implementation's launch structure is a promise the suite may check
-  (the reference registry groups its copies into one foreach copy per dtype pair, ``REG-5``),
-  counted as the aten ops a fill dispatches (:class:`conformance.OpLog`). Not correctness: an
-  engine that copies slot by slot is still correct and does not declare it.
+  (the reference registry groups its copies into one foreach copy per dtype pair, ``REG-5``):
+  on every device as the aten ops a fill dispatches (:class:`conformance.OpLog`), on CUDA also
+  as the kernels the profiler sees. Not correctness: an engine that copies slot by slot is
+  still correct and does not declare it.
 - ``stream_order``: the device tracks which work each stream is ordered after and raises
   :class:`spec.StreamRace` for an access that is not ordered (``ORD-*``) instead of letting
   timing decide.
