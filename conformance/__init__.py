@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         TestOutcome,
         TestResult,
         fold,
+        summary_lines,
         write_report,
     )
 
@@ -64,6 +65,7 @@ _EXPORTS: dict[str, str] = {
     "fold": "_report",
     "load_backend": "_backend",
     "run_scenario": "_isolation",
+    "summary_lines": "_report",
     "write_report": "_report",
 }
 
@@ -89,6 +91,7 @@ __all__ = [
     "fold",
     "load_backend",
     "run_scenario",
+    "summary_lines",
     "write_report",
 ]
 

@@ -9,7 +9,6 @@ mamba and encoder slots) are probed: a builder without one is skipped for it, wi
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,6 +16,8 @@ import pytest
 import torch
 
 from conformance import OpLog
+
+from ._features import BUILDER_FEATURES, require_builder_feature
 
 
 def _tokens(bs: int, t: int) -> tuple[int]:
@@ -36,25 +37,6 @@ def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return _shares_memory(a, b) and a.data_ptr() == b.data_ptr()
 
 
-BUILDER_FEATURES = {
-    "swa": {"is_hybrid_swa": True},
-    "mamba": {"enable_mamba_track": True},
-    "encoder": {"is_encoder_decoder": True, "encoder_len_fill_value": 3},
-}
-"""Optional builder options by feature: the keyword arguments that turn each one on."""
-
-
-def _require_feature(builder: Any, feature: str) -> dict[str, Any]:
-    """The keyword arguments of ``feature`` for ``builder``; a skip naming the builder and the
-    missing option when the builder does not take them (an optional feature, never a failure)."""
-    options = BUILDER_FEATURES[feature]
-    params = inspect.signature(builder).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    missing = [name for name in options if name not in params and not takes_any]
-    if missing:
-        pytest.skip(f"{getattr(builder, '__name__', builder)} has no {feature} feature "
-                    f"(no {', '.join(missing)} option)")
-    return dict(options)
 
 
 def _decode(api: Any, where: torch.device, **overrides: Any) -> Any:
@@ -657,7 +639,7 @@ def test_decode_registry_declares_the_required_slots(registry_api: Any, device: 
 @pytest.mark.parametrize("feature", sorted(BUILDER_FEATURES))
 def test_decode_registry_feature_slots(registry_api: Any, device: Any, feature: str) -> None:
     where = device.device
-    options = _require_feature(registry_api.build_decode_registry, feature)
+    options = require_builder_feature(registry_api.build_decode_registry, feature)
     reg = _decode(registry_api, where, cache_loc_dtype=torch.int32, **options)
     _check_rows(reg, {**_decode_rows(where, torch.int32), **_decode_feature_rows(where)[feature]})
     if feature == "encoder":
@@ -715,7 +697,7 @@ def test_prefill_registry_declares_the_required_slots(registry_api: Any, device:
 @pytest.mark.parametrize("feature", ["mamba", "swa"])
 def test_prefill_registry_feature_slots(registry_api: Any, device: Any, feature: str) -> None:
     where = device.device
-    options = _require_feature(registry_api.build_prefill_registry, feature)
+    options = require_builder_feature(registry_api.build_prefill_registry, feature)
     dev = where.type
     extra = {
         "swa": {"out_cache_loc_swa": ("tokens", torch.int32, "ZERO", dev, (4,))},

@@ -15,7 +15,7 @@ import torch
 
 from conformance.mutants import REGISTRY_MUTANTS
 
-from .test_registry import _require_feature
+from ._features import require_builder_feature
 
 
 @pytest.mark.clause("REG-3", "REG-9")
@@ -26,7 +26,7 @@ def test_padded_rows_never_write_live_swa_kv(device: Any, registry_api: Any, var
         registry_api.build_decode_registry if variant == "reference" else REGISTRY_MUTANTS[variant]
     )
     # The scenario needs the SWA slot: a builder without the feature is skipped, not failed.
-    swa = _require_feature(registry_api.build_decode_registry, "swa")
+    swa = require_builder_feature(registry_api.build_decode_registry, "swa")
     registry = build(
         device=where,
         max_bs=4,

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 import spec
-from conformance import ClauseViolation, TestOutcome, fold, write_report
-from conformance._report import summary_lines
+from conformance import ClauseViolation, TestOutcome, fold, summary_lines, write_report
 
 
 def test_a_clause_level_takes_the_worst_outcome_of_its_tests() -> None:
