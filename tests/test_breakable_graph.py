@@ -144,9 +144,16 @@ def _torch_class_attributes() -> dict[str, dict[str, object]]:
     return {f"{c.__module__}.{c.__qualname__}": dict(vars(c)) for c in classes}
 
 
-def test_no_torch_class_attribute_is_patched_outside_a_breakable_capture(device) -> None:
+@pytest.fixture(params=["fake", pytest.param("cuda", marks=pytest.mark.gpu)])
+def any_device(request: pytest.FixtureRequest, device) -> spec.DeviceModule:
+    """The fake device, and on a GPU machine ``impl.CudaDevice()`` too."""
+    return device if request.param == "fake" else impl.CudaDevice()
+
+
+def test_no_torch_class_attribute_is_patched_outside_a_breakable_capture(any_device) -> None:
     # The wait_stream hook is impl's one process-wide side effect: on the fake it patches the
     # device's own Stream class for the capture, on CUDA torch.cuda.Stream, and never outside.
+    device = any_device
     before = _torch_class_attributes()
     own = dict(vars(device.Stream))
     graph = BreakableCUDAGraph(device)
