@@ -90,6 +90,12 @@ print("ok")
 
 
 @pytest.mark.gpu
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (issue 11): on an H100 with torch 2.11 the next capture into the pool raises "
+    "'beginAllocateToPool: already recording to mempool_id' although _release_failed_capture's "
+    "endAllocateToPool and releasePool both succeeded",
+)
 def test_a_failed_capture_into_a_shared_pool_releases_it_once() -> None:
     # In a fresh interpreter: a double release corrupts the allocator of the process it runs in.
     proc = subprocess.run(
