@@ -124,7 +124,8 @@ def _fake(data: dict[str, Any] | None, nox_cpu: dict[str, Any] | None) -> list[s
                 f"ops/s, replay {data['replay_ops_per_s']:.0f} ops/s.", ""]
     if nox_cpu:
         minutes = nox_cpu["seconds"] / 60
-        out += [f"`nox -s cpu` wall time on {nox_cpu['cpus']} cores: {minutes:.1f} min "
+        what = nox_cpu.get("what", "`nox -s cpu`")
+        out += [f"{what}, wall time on {nox_cpu['cpus']} cores: {minutes:.1f} min "
                 f"(target under 10): {_verdict(minutes < 10)}.", ""]
     return out
 

@@ -66,7 +66,7 @@ def test_report_has_every_section_and_marks_what_falls_short(tmp_path: Path) -> 
     assert row("| 16 | 1 |").endswith("| pass |")
     assert row("| 512 | 1 |").endswith("| **short** |")  # 2.0x the full graph, over 1.3x
     assert row("| 2 |").endswith("| pass |")  # pool ladder 1.1x
-    assert "7.0 min (target under 10): pass" in text
+    assert "`nox -s cpu`, wall time on 2 cores: 7.0 min (target under 10): pass" in text
 
 
 def test_report_without_results_says_so(tmp_path: Path) -> None:
