@@ -92,21 +92,38 @@ def test_every_decode_size_and_the_sizes_between(device, runner_api, kind) -> No
     assert graphs.decode_runner.stats.replays == 9
 
 
+def _gate_steps(runner: impl.ModelRunner) -> list[torch.Tensor]:
+    """An extend of 3 requests, then decode steps of 2 (served: at most the largest captured
+    size) and of 3 (declined: larger)."""
+    requests = [runner.new_request([1, 2, 3 + i]) for i in range(3)]
+    try:
+        return [runner.extend(requests), runner.decode(requests[:2]), runner.decode(requests)]
+    finally:
+        for r in requests:
+            runner.release(r)
+
+
+@pytest.mark.clause("RUN-12")
+def test_gate_serves_what_it_can_and_runs_the_rest_eagerly(device, runner_api) -> None:
+    graphs = make_runner(device, "dense", max_running_requests=4, capture_bs=[1, 2],
+                         decode=runner_api.CudaGraphRunner)
+    eager = make_runner(device, "dense", max_running_requests=4)
+    for step, (got, expected) in enumerate(
+            zip(_gate_steps(graphs), _gate_steps(eager), strict=True)):
+        expect_close(got, expected, f"gate step {step}")
+
+
+@pytest.mark.strict
 @pytest.mark.clause("RUN-12")
 def test_gate_counts_captures_replays_and_fallbacks(device, runner_api) -> None:
     runner = make_runner(device, "dense", max_running_requests=4, capture_bs=[1, 2],
                          decode=runner_api.CudaGraphRunner)
     decode = runner.decode_runner
     assert decode.stats.captures == 2, f"captures {decode.stats}"
-    requests = [runner.new_request([1, 2, 3]) for _ in range(3)]
-    runner.extend(requests)
-    runner.decode(requests[:2])  # served: 2 <= largest captured size
-    runner.decode(requests)  # declined: 3 > 2, eager
+    _gate_steps(runner)
     stats = decode.stats
     assert (stats.captures, stats.replays, stats.eager_fallbacks) == (2, 1, 1), f"{stats}"
     assert runner.stats.graph_replays == 1 and runner.stats.eager_runs >= 2, f"{runner.stats}"
-    for r in requests:
-        runner.release(r)
 
 
 _BATCHES = st.lists(st.integers(1, 9), min_size=1, max_size=8)
@@ -172,7 +189,18 @@ class _Opaque(_Wrapped):
 
 @pytest.mark.clause("RUN-9")
 @pytest.mark.parametrize("wrapper", [_Wrapped, _Opaque])
-def test_layer_stack_resolution(device, runner_api, caplog, wrapper) -> None:
+def test_layer_stack_resolution(device, runner_api, wrapper) -> None:
+    prefill = optional_runner(runner_api, "BreakableCudaGraphRunner")
+    graphs = make_runner(device, "dense", prefill=prefill,
+                         model=wrapper(make_model(device, "dense")))
+    eager = make_runner(device, "dense")
+    expect_close(_extend_once(graphs, [3, 5]), _extend_once(eager, [3, 5]), wrapper.__name__)
+
+
+@pytest.mark.strict
+@pytest.mark.clause("RUN-9")
+@pytest.mark.parametrize("wrapper", [_Wrapped, _Opaque])
+def test_layer_stack_resolution_warns_and_counts(device, runner_api, caplog, wrapper) -> None:
     prefill = optional_runner(runner_api, "BreakableCudaGraphRunner")
     with caplog.at_level(logging.WARNING):
         graphs = make_runner(device, "dense", prefill=prefill,
@@ -181,6 +209,5 @@ def test_layer_stack_resolution(device, runner_api, caplog, wrapper) -> None:
     runner = graphs.prefill_runner
     expected_enabled = wrapper is _Wrapped
     assert runner.stats.captures == (4 if expected_enabled else 0), f"{runner.stats}"
-    eager = make_runner(device, "dense")
-    expect_close(_extend_once(graphs, [3, 5]), _extend_once(eager, [3, 5]), wrapper.__name__)
+    _extend_once(graphs, [3, 5])
     assert (runner.stats.replays == 1) is expected_enabled, f"{runner.stats}"

@@ -32,10 +32,12 @@ define(
             fits gives the eager next-token logits of every request."""),
         ("RUN-8", """Before a breakable prefill replay both metadata halves run on the live,
             unpadded batch, before any captured op or forked side stream reads the metadata."""),
-        ("RUN-9", """A model without get_layer_stack() whose usual attributes (language_model,
-            model) lead to a module with layers is served with a warning; a model with neither
-            disables the prefill runner with a warning and every batch runs eagerly with
-            correct results."""),
+        ("RUN-9", """A model without get_layer_stack() gives correct results through the prefill
+            runner: served as a breakable graph when its usual attributes (language_model,
+            model) lead to a module with layers, else every batch runs eagerly (never a
+            crash).""",
+         """Both cases log a warning; the resolved model is captured once per size, the
+            unresolved one not at all and never replayed."""),
         ("RUN-10", """The dispatcher pads to the smallest captured size >= n and picks FULL with
             the exact descriptor, else PIECEWISE with the relaxed one (num_reqs=None), else
             NONE; the manager runs each (mode, batch kind) pair on that path, a FULL replay
@@ -43,8 +45,10 @@ define(
         ("RUN-11", """Graph replay equals eager: decode graphs for every captured size and the raw
             sizes between them, and breakable prefill, over many steps with requests joining
             and leaving, on every reference model kind (tokens equal, logits within 1e-3)."""),
-        ("RUN-12", """A runner's gate replays the batches it can serve and runs the others
-            eagerly; captures, replays and eager fallbacks are counted: one capture per size,
-            one replay per served batch, one fallback per declined batch."""),
+        ("RUN-12", """A runner's gate gives eager's results for every batch: those it serves by
+            replay (at most its largest captured size) and those it declines and runs
+            eagerly.""",
+         """Captures, replays and eager fallbacks are counted (the stats objects): one capture
+            per size, one replay per served batch, one fallback per declined batch."""),
     ],
 )
