@@ -15,6 +15,10 @@ import torch
 __all__ = ["clear_input_buffer_pool", "share_input_buffer"]
 
 _PoolKey = tuple[str, int, torch.dtype, torch.device]
+# Process-wide on purpose, and the one piece of process-wide state in the registry: the field's
+# API (sglang's module-level share_input_buffer) shares buffers between every runner of the
+# process, the target's and the draft's alike, which no single registry or runner owns. Not a
+# CUDA requirement: an engine that wants separate pools keeps its own dictionary.
 _POOL: dict[_PoolKey, torch.Tensor] = {}
 
 
