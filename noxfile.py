@@ -1,5 +1,5 @@
-"""Sessions: ``cpu`` (default), ``plugin``, ``gpu``, ``bench``, ``conformance`` (the main job)
-and ``lint``.
+"""Sessions: ``cpu`` (default), ``plugin``, ``gpu``, ``bench``, ``conformance`` (the main job),
+``mutants`` (mutation testing, not in CI) and ``lint``.
 
 ``cpu``, ``plugin``, ``bench``, ``conformance`` and ``lint`` build a virtualenv (``plugin`` a
 fresh one every time). The torch they install is
@@ -138,6 +138,23 @@ def conformance(session: nox.Session) -> None:
     ``reports/conformance.md`` and ``reports/conformance.json`` and prints the clause summary."""
     _install(session, "test")
     _conformance(session, *session.posargs)
+
+
+@nox.session
+def mutants(session: nox.Session) -> None:
+    """Mutation testing (mutmut 3) of the suite's strength: mutants of ``impl/registry``
+    (``registry``), ``impl/breakable`` (``breakable``) and ``fakes/_allocator.py`` +
+    ``fakes/_graph.py`` (``fake``), each run against the conformance tests on the fake that
+    reach the mutated function. ``nox -s mutants -- registry`` runs one group (default: all);
+    ``-- --again`` reruns mutants already killed; ``-- --report-only`` only writes the report.
+    Work folder ``mutants/`` (git-ignored, kept between runs: a rerun only runs mutants not yet
+    killed); report ``reports/mutants.md`` and ``reports/mutants.json``; equivalent mutants are
+    listed with their reason in ``tests/mutation/equivalent_mutants.txt``. Not part of CI: a
+    group takes tens of minutes on 2 cores."""
+    _install(session, "test")
+    if session.venv_backend != "none":
+        session.install("mutmut>=3.8,<4")
+    session.run("python", "-m", "tests.mutation.run_mutants", *session.posargs)
 
 
 @nox.session
