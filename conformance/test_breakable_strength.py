@@ -121,3 +121,45 @@ def test_result_parts_are_copied_and_leaves_are_left(device, breakable_api, kind
         graph.replay()
         h = host + 1
         assert _host(out) == _host(h * 2 * 10 + h + 3 + 1), f"{kind}: got {_host(out)}"
+
+
+class _OneSlot:
+    __slots__ = "value"  # a single slot named by a string, not a tuple
+
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value
+
+
+class _UnsetSlot:
+    __slots__ = ("spare", "value")  # "spare" is never set
+
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value
+
+
+class _Cyclic:
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value
+        self.me = self  # a result that refers to itself
+
+
+@pytest.mark.clause("BCG-6")
+@pytest.mark.parametrize("kind", ["one-slot", "unset-slot", "cyclic"])
+def test_result_objects_of_unusual_shapes_are_copied(device, breakable_api, kind: str) -> None:
+    """Objects are copied field-wise whatever their shape: ``__slots__`` given as one string, a
+    slot never set, an object that refers to itself."""
+    cls = {"one-slot": _OneSlot, "unset-slot": _UnsetSlot, "cyclic": _Cyclic}[kind]
+
+    @breakable_api.eager_on_graph()
+    def wrap(h: torch.Tensor) -> Any:
+        return cls(h * 2)
+
+    x = torch.zeros(4, device=device.device)
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(graph):
+        out = wrap(x + 1).value + 1
+    for start in (1.0, 6.0):
+        host = _arange(4, start)
+        x.copy_(host)
+        graph.replay()
+        assert _host(out) == _host((host + 1) * 2 + 1), f"{kind}: got {_host(out)}"
