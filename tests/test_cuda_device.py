@@ -121,3 +121,21 @@ def test_replay_callable_replays_a_ready_graph_and_refuses_others() -> None:
         replay()
     torch.cuda.synchronize()
     assert x.tolist() == [3.0] * 4, f"three replays through replay_callable gave {x.tolist()}"
+
+
+@pytest.mark.gpu
+def test_cuda4_regression_fails_on_its_mutant() -> None:
+    """``CUDA-4``'s conformance test, with the capture quiet switched off (the mutant in
+    ``tests/cuda4_mutant.py``), fails: a graph collected mid-capture invalidates the capture
+    (on an H100, torch 2.11: ``cudaErrorStreamCaptureInvalidated``). In a subprocess, since the
+    invalidated capture can leave the process unusable."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "conformance.plugin",
+         "-p", "tests.cuda4_mutant", "--pyargs", "conformance.test_capture_replay",
+         "-k", "collected_during", "--backend=cuda", "-p", "no:cacheprovider"],
+        capture_output=True, text=True, check=False, timeout=300,
+    )
+    assert proc.returncode == 1 and "1 failed" in proc.stdout, (
+        f"the CUDA-4 test did not fail on its mutant (exit {proc.returncode}):\n"
+        f"{proc.stdout[-2000:]}"
+    )
