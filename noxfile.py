@@ -143,7 +143,7 @@ def conformance(session: nox.Session) -> None:
 @nox.session
 def mutants(session: nox.Session) -> None:
     """Mutation testing (mutmut 3) of the suite's strength: mutants of ``impl/registry``
-    (``registry``), ``impl/breakable`` (``breakable``) and ``fakes/_allocator.py`` +
+    (``registry``), ``impl/breakable`` but profiling (``breakable``) and ``fakes/_allocator.py`` +
     ``fakes/_graph.py`` (``fake``), each run against the conformance tests on the fake that
     reach the mutated function. ``nox -s mutants -- registry`` runs one group (default: all);
     ``-- --again`` reruns mutants already killed; ``-- --report-only`` only writes the report.

@@ -167,7 +167,7 @@ class BreakableCUDAGraph:
         finally:
             REPLAY.reset(token)
 
-    def profile_replay(self) -> ReplayProfile:
+    def profile_replay(self) -> ReplayProfile:  # pragma: no mutate block (profiling aid)
         """Replay with a device event after every segment and break, and report per break its
         host time, its device span and, where the device can be kept busy on purpose
         (:class:`impl.CudaDevice`), the device idle time it causes (a second replay, with the

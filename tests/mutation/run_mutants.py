@@ -5,8 +5,12 @@ mutants -- GROUP ...``; default: every group). The groups are the modules the co
 must defend (``[tool.mutmut]`` in ``pyproject.toml`` mutates exactly these):
 
 - ``registry``: ``impl/registry/*.py``
-- ``breakable``: ``impl/breakable/*.py``
+- ``breakable``: ``impl/breakable/*.py`` but ``_profile.py``
 - ``fake``: ``fakes/_allocator.py`` and ``fakes/_graph.py``
+
+Profiling (``impl/breakable/_profile.py`` and ``BreakableCUDAGraph.profile_replay``) is a
+measurement aid (issue 12), not conformance behaviour: no clause covers it, so it is not mutated
+(:data:`EXCLUDED`, ``do_not_mutate`` and a ``pragma: no mutate block``).
 
 mutmut 3 copies the packages into ``mutants/`` (git-ignored), runs the conformance suite on the
 fake once to learn which tests reach which function, then runs, per mutant, only those tests
@@ -49,6 +53,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "breakable": ("impl/breakable/*.py",),
     "fake": ("fakes/_allocator.py", "fakes/_graph.py"),
 }
+# Matched by a group's pattern but not mutated: profiling, a measurement aid no clause covers
+# (``do_not_mutate`` in ``[tool.mutmut]`` says the same to mutmut).
+EXCLUDED: tuple[str, ...] = ("impl/breakable/_profile.py",)
 # Copied anew on every run (mutmut copies a non-mutated file only once).
 _REFRESHED = ("spec", "conformance", "examples", "tests")
 
@@ -93,7 +100,7 @@ def _group_files(group: str) -> list[Path]:
     files = []
     for pattern in GROUPS[group]:
         files += sorted(ROOT.glob(pattern))
-    return files
+    return [f for f in files if str(f.relative_to(ROOT)) not in EXCLUDED]
 
 
 def _meta(path: Path) -> dict[str, Any] | None:
@@ -121,7 +128,7 @@ def _refresh_copies() -> None:
     for package in ("impl", "fakes"):
         for copy in (WORK / package).rglob("*.py") if (WORK / package).exists() else ():
             rel = str(copy.relative_to(WORK))
-            if not any(fnmatch.fnmatch(rel, p) for p in patterns):
+            if rel in EXCLUDED or not any(fnmatch.fnmatch(rel, p) for p in patterns):
                 copy.unlink()
 
 
