@@ -40,6 +40,7 @@ import functools
 import gc
 import threading
 import types
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -248,11 +249,11 @@ _QUIET: Final = _CaptureQuiet()
 
 
 def _release_failed_capture(device_index: int, pool: PoolHandle) -> None:
-    """Undo what torch's ``capture_begin`` did to the caching allocator when ``capture_end``
-    failed before torch could: stop routing allocations to the pool, then drop the reference
-    the capture took on it. If torch got as far as ending the pool routing itself, the pool
-    reference is torch's to drop (in ``reset()``), so nothing is released here. Best effort:
-    these are private torch hooks, looked up by name."""
+    """Stop routing the caching allocator's allocations to ``pool`` and drop the reference the
+    failed capture took on it: the fallback of :meth:`_CudaGraph._abandon_capture` when torch's
+    own bookkeeping cannot be run. Best effort: private torch hooks, looked up by name. The
+    pinned host allocator, which torch also routes to the pool during a capture, has no such
+    hook: its routing stays, and a later capture into ``pool`` fails."""
     end = getattr(torch._C, "_cuda_endAllocateToPool", None)
     release = getattr(torch._C, "_cuda_releasePool", None)
     if end is None or release is None or pool is None:
@@ -261,9 +262,33 @@ def _release_failed_capture(device_index: int, pool: PoolHandle) -> None:
     try:
         end(device_index, pool_id)
     except Exception:
-        return  # torch's capture_end already ended the routing: reset() releases the pool
+        return  # the routing had already ended: the pool reference is reset()'s to drop
     with contextlib.suppress(Exception):
         release(device_index, pool_id)
+
+
+def _begin_stand_in_capture(stream: torch.cuda.Stream) -> bool:
+    """Begin an empty capture on ``stream`` behind torch's back (``cudaStreamBeginCapture``
+    through ``cuda.bindings``); ``False`` when that is not possible."""
+    rt = _cudart()
+    if rt is None:
+        return False
+    try:
+        (err,) = rt.cudaStreamBeginCapture(
+            stream.cuda_stream, rt.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed
+        )
+    except Exception:  # an incompatible cuda-python
+        return False
+    return _code(err) == 0
+
+
+def _end_stand_in_capture(stream: torch.cuda.Stream) -> None:
+    """End a stand-in capture that torch refused to end, and destroy its graph."""
+    rt = _cudart()
+    with contextlib.suppress(Exception):
+        err, graph = rt.cudaStreamEndCapture(stream.cuda_stream)
+        if _code(err) == 0 and graph:
+            rt.cudaGraphDestroy(graph)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,10 +371,11 @@ class _CudaGraph(torch.cuda.CUDAGraph):
             # torch requires the capture stream to be current; make it so rather than leave a
             # capture open on a stream nobody can end it from (CAP-1).
             with torch.cuda.stream(stream):
-                super().capture_end()
-        except RuntimeError as error:
-            self._abandon_capture()
-            raise _translate(error, at_end=True) from error
+                try:
+                    super().capture_end()
+                except RuntimeError as error:
+                    self._abandon_capture(stream)
+                    raise _translate(error, at_end=True) from error
         finally:
             with _ACTIVE_LOCK:
                 _ACTIVE.discard(self)
@@ -357,10 +383,29 @@ class _CudaGraph(torch.cuda.CUDAGraph):
             _QUIET.end()
         self._ready = True
 
-    def _abandon_capture(self) -> None:
-        # cudaStreamEndCapture ends the capture sequence even when it reports an error, but
-        # torch then skips endAllocateToPool: do it here, and forget the half-registered graph.
-        _release_failed_capture(self._device_index, self._pool)
+    def _abandon_capture(self, stream: torch.cuda.Stream) -> None:
+        """Leave the allocators as a successful capture and ``reset()`` would (``CAP-1``).
+
+        ``cudaStreamEndCapture`` ends the capture sequence even when it reports an error, but
+        torch then stops before its own bookkeeping: the caching allocator *and* the pinned
+        host allocator keep routing to the pool, and the host allocator's routing has no
+        Python hook, so the next capture into a shared pool would fail ("already recording").
+        So torch ends it: an empty stand-in capture is begun on the same stream, torch's
+        ``capture_end`` ends it and runs that bookkeeping, and ``reset()`` drops the pool
+        reference. Without ``cuda.bindings`` (or where torch refuses), only the caching
+        allocator is released.
+        """
+        ended = False
+        if _begin_stand_in_capture(stream):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # torch warns that the graph is empty
+                    super().capture_end()
+                ended = True
+            except RuntimeError:
+                _end_stand_in_capture(stream)
+        if not ended:
+            _release_failed_capture(self._device_index, self._pool)
         with contextlib.suppress(Exception):
             super().reset()
         self._ready = False
