@@ -362,7 +362,9 @@ class _LazyUpgradeBackend(impl.TorchAttentionBackend):
 
     device_module: Any = None
 
-    def forward(self, q: Any, k: Any, v: Any, layer_id: int, batch: Any) -> torch.Tensor:
+    def forward(
+        self, q: Any, k: Any, v: Any, layer_id: int, batch: Any, **kwargs: Any
+    ) -> torch.Tensor:
         meta = self.forward_metadata
         if meta is not None and not meta.is_full:
             device = self.device_module
@@ -371,7 +373,7 @@ class _LazyUpgradeBackend(impl.TorchAttentionBackend):
             with device.stream(side):
                 self.init_forward_metadata_in_graph(batch)
             current.wait_stream(side)
-        return super().forward(q, k, v, layer_id, batch)
+        return super().forward(q, k, v, layer_id, batch, **kwargs)
 
 
 class LazyUpgradeModelRunner(impl.ModelRunner):

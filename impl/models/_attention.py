@@ -278,10 +278,11 @@ class TorchAttentionBackend:
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-        batch: ForwardBatch,
+        batch: ForwardBatch, *, save_kv: bool = True,
     ) -> torch.Tensor:
-        """Write this step's ``k``/``v`` into the cache and attend: ``q`` ``[T, heads, d]``,
-        ``k``/``v`` ``[T, kv_heads, d]``; returns ``[T, heads * d]``.
+        """Write this step's ``k``/``v`` into the cache (unless ``save_kv`` is false: the
+        caller wrote them) and attend: ``q`` ``[T, heads, d]``, ``k``/``v``
+        ``[T, kv_heads, d]``; returns ``[T, heads * d]``.
 
         When ``q`` has more rows than the batch has tokens (a padded graph calling an eager
         break with the live batch), only the first ``batch.num_tokens`` rows are computed; the
@@ -290,9 +291,12 @@ class TorchAttentionBackend:
         tokens = batch.num_tokens
         if q.shape[0] != tokens:
             out = q.new_zeros(q.shape[0], self.num_heads * self.head_dim)
-            out[:tokens] = self.forward(q[:tokens], k[:tokens], v[:tokens], layer_id, batch)
+            out[:tokens] = self.forward(
+                q[:tokens], k[:tokens], v[:tokens], layer_id, batch, save_kv=save_kv
+            )
             return out
-        self.kv_cache.set_kv_buffer(layer_id, batch.out_cache_loc, k, v)
+        if save_kv:
+            self.kv_cache.set_kv_buffer(layer_id, batch.out_cache_loc, k, v)
         if batch.forward_mode.is_decode():
             return self._decode(q, layer_id)
         return self._extend(q, k, v, layer_id)

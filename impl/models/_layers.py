@@ -78,9 +78,10 @@ def attention_break(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int
 ) -> torch.Tensor:
     """Attention as a graph break: at replay it reads the live batch from the forward context,
-    so it serves however many requests and real tokens the step has."""
+    so it serves however many requests and real tokens the step has. The cache write is not
+    part of it: the segment before it records that (see :class:`AttentionMixer`)."""
     batch = get_forward_context().batch
-    return batch.attn_backend.forward(q, k, v, layer_id, batch)
+    return batch.attn_backend.forward(q, k, v, layer_id, batch, save_kv=False)
 
 
 class AttentionMixer(nn.Module):
@@ -115,6 +116,10 @@ class AttentionMixer(nn.Module):
         v = v.reshape(t, self.num_kv_heads, self.head_dim).contiguous()
         q, k = self.rotary(positions, q, k)
         if is_in_breakable_cuda_graph():
+            # The cache write has static shapes, so the segment records it, at the captured
+            # batch's locations (registry buffers, padded rows at the dummy slot), and the
+            # break launches attention only: fewer eager launches per break.
+            batch.kv_cache.set_kv_buffer(self.layer_id, batch.out_cache_loc, k, v)
             out = attention_break(q, k, v, self.layer_id)
         else:
             out = batch.attn_backend.forward(q, k, v, self.layer_id, batch)
