@@ -59,6 +59,13 @@ def assert_clean_and_working(device: fakes.FakeDevice, *streams: Any) -> None:
     assert y.item() == 8.0, f"replay after the error computed {y.item()}, expected 8.0"
 
 
+def settled_info(device: fakes.FakeDevice) -> Any:
+    """``cache_info()`` after a collection: the baseline counts of a test, whatever earlier
+    tests (in any order, as mutation testing runs them) left behind for the collector."""
+    gc.collect()
+    return device.cache_info()
+
+
 def assert_aborted(graph: fakes.FakeCUDAGraph, error: type[BaseException]) -> None:
     """``FAKE-11``: the aborted graph re-raises on capture_end, cannot replay, needs reset()."""
     assert graph.state == "failed", f"graph state {graph.state!r}, expected 'failed'"
@@ -153,7 +160,7 @@ def test_construction_warms_up_lazy_imports() -> None:
 
 @pytest.mark.clause("FAKE-6")
 def test_cache_info_is_a_frozen_snapshot(device: fakes.FakeDevice) -> None:
-    before = device.cache_info()
+    before = settled_info(device)
     with pytest.raises(dataclasses.FrozenInstanceError):
         before.pools = 3  # type: ignore[misc]
     x = torch.ones(3)
@@ -165,21 +172,25 @@ def test_cache_info_is_a_frozen_snapshot(device: fakes.FakeDevice) -> None:
     g.replay()
     during = device.cache_info()
     assert (during.captures - before.captures, during.replays - before.replays) == (1, 2)
-    assert (during.pools, during.live_blocks) == (1, 1), during
+    assert (during.pools - before.pools, during.live_blocks - before.live_blocks) == (1, 1), (
+        before, during)
     del y
     gc.collect()
-    assert device.cache_info().free_blocks == 1, "the dead output's block should be free"
+    assert device.cache_info().free_blocks - before.free_blocks == 1, (
+        "the dead output's block should be free")
     del g
     gc.collect()
-    assert device.cache_info().pools == 1, "the pool token keeps its pool"
+    assert device.cache_info().pools - before.pools == 1, "the pool token keeps its pool"
     del pool
     gc.collect()
     after = device.cache_info()
-    assert (after.pools, after.blocks, after.live_blocks) == (0, 0, 0), after
+    assert (after.pools, after.blocks, after.live_blocks) == (
+        before.pools, before.blocks, before.live_blocks), (before, after)
 
 
 @pytest.mark.clause("MEM-9", "MEM-2")
 def test_sharing_a_pool_ends_with_fewer_blocks(device: fakes.FakeDevice) -> None:
+    settled_info(device)  # no earlier test's pool dies in a collection between the counts
     x = torch.ones(256)
 
     def blocks() -> int:
@@ -203,6 +214,7 @@ def test_sharing_a_pool_ends_with_fewer_blocks(device: fakes.FakeDevice) -> None
 
 @pytest.mark.clause("MEM-5", "MEM-2", "FAKE-6")
 def test_a_graph_keeps_its_pool_blocks(device: fakes.FakeDevice) -> None:
+    start = settled_info(device)
     x = torch.arange(6.0)
     g = device.CUDAGraph()
     with device.graph(g):
@@ -219,7 +231,7 @@ def test_a_graph_keeps_its_pool_blocks(device: fakes.FakeDevice) -> None:
     )
     del g, total
     gc.collect()
-    assert device.cache_info().pools == 0
+    assert device.cache_info().pools == start.pools
 
 
 # ---------------------------------------------------------------------------------------------
@@ -535,7 +547,7 @@ def test_user_exception_inside_a_capture(device: fakes.FakeDevice) -> None:
             return func(*args, **(kwargs or {}))
 
     x = torch.ones(4)
-    before = device.cache_info()
+    before = settled_info(device)
     g = device.CUDAGraph()
     outer = Passthrough()
     try:
@@ -554,7 +566,8 @@ def test_user_exception_inside_a_capture(device: fakes.FakeDevice) -> None:
     assert after.aborted_captures == before.aborted_captures + 1
     del y
     gc.collect()
-    assert device.cache_info().live_blocks == 0, "the partial graph's blocks were not released"
+    assert device.cache_info().live_blocks == before.live_blocks, (
+        "the partial graph's blocks were not released")
     assert_clean_and_working(device)
 
 

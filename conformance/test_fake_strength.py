@@ -1,0 +1,91 @@
+"""Fake-device combinations the other simulator tests never try (mutation testing, ``nox -s
+mutants -- fake``): the poison check on one-element and empty tensors, a replay that fails
+partway (which writes count for the pool checks), and a pool token's own counters. Tests use
+:mod:`fakes`' public API on the backend's device (the ``simulator`` capability)."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+import fakes
+from spec import PoolClobber
+
+from ._leaks import check_leaks  # noqa: F401  (autouse: the leak invariant, FAKE-6)
+
+pytestmark = pytest.mark.capability("simulator")
+
+
+@pytest.mark.clause("FAKE-2")
+def test_poison_check_of_one_element_and_empty_tensors() -> None:
+    assert fakes.is_poisoned(torch.empty(0)), "an empty tensor holds nothing but poison"
+    assert fakes.is_poisoned(torch.empty(0, dtype=torch.int32))
+    assert not fakes.is_poisoned(torch.tensor([1.0])), "one ordinary float is not poison"
+    assert not fakes.is_poisoned(torch.tensor([7], dtype=torch.int64))
+    assert fakes.is_poisoned(torch.tensor([float("nan")]))
+    poison = fakes.poison_value(torch.int64)
+    assert fakes.is_poisoned(torch.tensor([poison], dtype=torch.int64))
+
+
+@pytest.mark.strict
+@pytest.mark.clause("MEM-8", "RPL-1")
+def test_a_replay_failing_partway_counts_only_the_writes_that_ran(device) -> None:
+    """A replay whose second op raises (an index out of range, on the host) wrote only what its
+    first op wrote: its second op's output block, since handed to another graph, is not
+    reported as clobbered by it."""
+    x = torch.ones(8)
+    src = torch.arange(8.0)
+    idx = torch.zeros(8, dtype=torch.long)
+    pool = device.graph_pool_handle()
+    failing, writer, reader = device.CUDAGraph(), device.CUDAGraph(), device.CUDAGraph()
+    with device.graph(failing, pool=pool):
+        doubled = x * 2
+        picked = src.index_select(0, idx)  # the op that fails at replay
+    picked_ptr = picked.data_ptr()
+    del picked  # its block goes back to the pool; the failing graph still writes it
+    with device.graph(writer, pool=pool):
+        w = x + 5
+    assert w.data_ptr() == picked_ptr, "premise: w re-uses the index_select output's block"
+    with device.graph(reader, pool=pool):
+        v = w * 3  # expects the writer's write
+    writer.replay()
+    reader.replay()
+    assert v.tolist() == [18.0] * 8
+    idx.fill_(100)
+    with pytest.raises(IndexError):
+        failing.replay()
+    idx.fill_(0)
+    x.fill_(2.0)
+    reader.replay()  # w still holds the writer's allocation: no clobber
+    assert v.tolist() == [18.0] * 8, "the failed replay wrote the reader's input"
+    writer.replay()
+    reader.replay()
+    assert v.tolist() == [21.0] * 8 and doubled.tolist() == [2.0] * 8
+    failing.replay()  # a complete replay writes w's block with another allocation's value
+    assert doubled.tolist() == [4.0] * 8
+    with pytest.raises(PoolClobber):
+        reader.replay()
+
+
+@pytest.mark.clause("FAKE-6", "MEM-2")
+def test_a_pool_token_counts_its_own_blocks(device) -> None:
+    pool = device.graph_pool_handle()
+    assert (pool.live_blocks(), len(pool.blocks()), pool.reserved_bytes()) == (0, 0, 0)
+    x = torch.ones(200)  # 800 bytes: two 512-byte units
+    graph = device.CUDAGraph()
+    with device.graph(graph, pool=pool):
+        kept = x * 2
+        (x + 1).sum()  # a temporary and a scalar, both dead before the next line
+        small = x[:4] + 1  # re-uses the scalar's block (smallest fitting block first)
+    assert len(pool.blocks()) == 3
+    assert pool.live_blocks() == 2, "only kept and small are alive"
+    assert pool.reserved_bytes() == 1024 + 1024 + 512
+    del kept
+    gc.collect()
+    assert pool.live_blocks() == 1
+    assert pool.reserved_bytes() == 2560, "a freed block stays reserved by its pool"
+    del small, graph
+    gc.collect()
+    assert pool.live_blocks() == 0 and len(pool.blocks()) == 3
