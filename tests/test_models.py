@@ -14,6 +14,7 @@ from torch import nn
 
 import fakes
 import spec
+from conformance import OpLog
 from impl.models import (
     AttentionMetadata,
     ForwardBatch,
@@ -520,6 +521,41 @@ def test_graph_runner_matches_eager(dev: fakes.FakeDevice, kind: str) -> None:
     assert stats.captures > 0 and stats.graph_replays > 0, f"{kind}: {stats}"
     assert stats.eager_runs == 0, f"{kind}: every step should have replayed, got {stats}"
     assert base.captures == base.graph_replays == 0 and base.eager_runs > 0, f"eager: {base}"
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid_swa"])
+def test_prefill_breaks_leave_the_kv_cache_write_to_the_segment(
+    dev: fakes.FakeDevice, kind: str
+) -> None:
+    """A prefill replay's eager work (the attention breaks) writes nothing into the KV cache:
+    the write has static shapes and is recorded in the segment before each break. The cache
+    then holds what an eager forward writes, padded rows at the dummy slot only."""
+    model = _model(dev, kind)
+    eager = ModelRunner(model, device=dev, decode_cuda_graph=False, prefill="eager", **_RUNNER)
+    graphs = ModelRunner(model, device=dev, decode_cuda_graph=False, prefill="breakable",
+                         capture_num_tokens=[16], **_RUNNER)
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8]]  # 8 tokens, padded to 16
+    done = []
+    for runner in (eager, graphs):
+        requests = [runner.new_request(p) for p in prompts]
+        batch = runner._batch(ForwardMode.EXTEND, requests, prompts)
+        step = runner.forward_eager if runner is eager else runner.prefill_runner.replay
+        with OpLog() as log:
+            logits = step(batch)
+        done.append((runner, requests, logits, log.ops))
+    (_, e_reqs, e_logits, _), (_, g_reqs, g_logits, g_ops) = done
+    assert graphs.prefill_runner.stats.replays == 1, graphs.prefill_runner.stats
+    writes = g_ops.count("index_copy_")
+    assert writes == 0, f"{kind}: the prefill replay's breaks launched {writes} cache writes"
+    err = (e_logits - g_logits).abs().max().item()
+    assert err <= 1e-4, f"{kind}: max |breakable - eager| logits {err} > 1e-4"
+    for layer in range(len(model.get_layer_stack().layers)):
+        for er, gr in zip(e_reqs, g_reqs, strict=True):
+            e_k = eager.kv_cache.get_kv_buffer(layer)[0][eager.kv_cache.layer_locations(
+                layer, torch.tensor(er.slots, device=dev.device))]
+            g_k = graphs.kv_cache.get_kv_buffer(layer)[0][graphs.kv_cache.layer_locations(
+                layer, torch.tensor(gr.slots, device=dev.device))]
+            assert torch.allclose(e_k, g_k, atol=1e-5), f"{kind} layer {layer}: cached keys differ"
 
 
 def test_decode_runner_falls_back_to_eager_above_largest_size(dev: fakes.FakeDevice) -> None:
