@@ -79,6 +79,35 @@ def _naive_fill(reg: impl.CudaGraphBufferRegistry, fb: SimpleNamespace) -> None:
             buf.narrow(dim, 0, raw).copy_(src)
 
 
+def _expected_kernels(reg: impl.CudaGraphBufferRegistry, fb: SimpleNamespace) -> int:
+    """The GPU kernels one fill should launch, counted from the slot table by the grouping
+    rule alone: one zero per dtype of the contiguous ``ZERO`` pad regions (a strided region on
+    its own), one fill per ``FILL_SENTINEL`` slot, one copy per (buffer dtype, source dtype)
+    pair of contiguous device copies (a strided one on its own); host buffers launch none."""
+    zero: set = set()
+    fills = copies_strided = 0
+    pairs: set = set()
+    for name in reg.slot_names():
+        slot = reg.get_slot(name)
+        buf = slot.buffer
+        if buf.device.type == "cpu":
+            continue
+        dim = 1 if name == "mrope_positions" else 0
+        pad = buf.narrow(dim, RAW_BS, PADDED_BS - RAW_BS)
+        if slot.padding_policy is impl.PaddingPolicy.ZERO:
+            zero.add(buf.dtype if pad.is_contiguous() else name)
+        elif slot.padding_policy is impl.PaddingPolicy.FILL_SENTINEL:
+            fills += 1
+        src = getattr(fb, name, None)
+        if src is None:
+            continue
+        if buf.narrow(dim, 0, RAW_BS).is_contiguous() and src.is_contiguous():
+            pairs.add((buf.dtype, src.dtype))
+        else:
+            copies_strided += 1
+    return len(zero) + fills + len(pairs) + copies_strided
+
+
 def _gpu_kernels(fn, *args) -> int:
     from torch.profiler import ProfilerActivity, profile
 
@@ -111,6 +140,8 @@ def test_bench_decode_fill(benchmark, device: str, variant: str) -> None:
     info = {"ops_per_fill": len(log.ops)}
     if device == "cuda":
         info["gpu_kernels_per_fill"] = _gpu_kernels(fn, reg, fb)
+        if variant == "registry":
+            info["expected_gpu_kernels"] = _expected_kernels(reg, fb)
     benchmark.group = f"decode-fill-{device}"
     benchmark.extra_info.update(info)
     benchmark(fn, reg, fb)

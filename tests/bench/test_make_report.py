@@ -31,7 +31,7 @@ def test_report_has_every_section_and_marks_what_falls_short(tmp_path: Path) -> 
     _write(tmp_path, "break_copies.json", {"launches_per_replay": {
         "into_result": 5, "into_argument": 5, "fresh": 7}, "breaks": 2})
     _write(tmp_path, "bench_registry_cuda.json", {
-        "registry": {"median_us": 40.0, "gpu_kernels_per_fill": 9},
+        "registry": {"median_us": 40.0, "gpu_kernels_per_fill": 10, "expected_gpu_kernels": 9},
         "naive": {"median_us": 100.0, "gpu_kernels_per_fill": 17},
         "ratio_registry_over_naive": 0.4})
     _write(tmp_path, "bench_runners.json", {**HEAD, "decode": {"dense 8x1024": {"results": [
@@ -62,6 +62,7 @@ def test_report_has_every_section_and_marks_what_falls_short(tmp_path: Path) -> 
     assert row("| 49 |").endswith("| **short** |")  # 0.4 us per segment over 0.3
     assert "one per break for a fresh result: pass" in text
     assert row("| host us per fill |").endswith("| pass |")
+    assert row("| GPU kernels per fill |").endswith("| **short** |")  # 10 launched, 9 groups
     assert row("| dense 8x1024 |").endswith("| **short** |")  # 2.5x at batch 1, under 3x
     assert row("| 16 | 1 |").endswith("| pass |")
     assert row("| 512 | 1 |").endswith("| **short** |")  # 2.0x the full graph, over 1.3x
