@@ -89,3 +89,79 @@ def test_a_pool_token_counts_its_own_blocks(device) -> None:
     del small, graph
     gc.collect()
     assert pool.live_blocks() == 0 and len(pool.blocks()) == 3
+
+
+@pytest.mark.clause("FAKE-2")
+@pytest.mark.parametrize("dtype", [torch.float4_e2m1fn_x2, torch.uint4])
+def test_fresh_memory_of_a_dtype_without_a_host_fill_holds_poison_bytes(
+    device, dtype: torch.dtype
+) -> None:
+    """A dtype the host cannot fill (packed sub-byte types) still gets poisoned memory: every
+    byte ``0xA5``."""
+    graph = device.CUDAGraph()
+    with device.graph(graph):
+        fresh = torch.empty(64, dtype=dtype)
+    assert fresh.view(torch.uint8).tolist() == [0xA5] * 64
+    del graph, fresh
+
+
+@pytest.mark.clause("MEM-4", "MEM-8")
+def test_every_entry_read_of_a_replay_is_checked(device) -> None:
+    """A replay whose first pool read is intact and whose second was clobbered raises."""
+    x = torch.ones(8)
+    pool = device.graph_pool_handle()
+    g1, g2, g3 = device.CUDAGraph(), device.CUDAGraph(), device.CUDAGraph()
+    with device.graph(g1, pool=pool):
+        tmp = x + 1  # allocation 1 of a block, dead after this capture
+        r1 = tmp * 2
+        tmp_ptr = tmp.data_ptr()
+        del tmp
+    with device.graph(g2, pool=pool):
+        u = x + 5  # allocation 2 of the temporary's block
+        keep = x + 3  # a block only g2 writes
+    assert u.data_ptr() == tmp_ptr, "premise: u re-uses the temporary's block"
+    with device.graph(g3, pool=pool):
+        v = keep + u  # reads keep (never clobbered), then u
+    for graph in (g1, g2, g3):
+        graph.replay()
+    assert v.tolist() == [10.0] * 8 and r1.tolist() == [4.0] * 8
+    g2.replay()
+    g1.replay()  # writes its temporary over u, not over keep
+    with pytest.raises(PoolClobber):
+        g3.replay()
+
+
+@pytest.mark.strict
+@pytest.mark.clause("MEM-8", "MEM-4")
+def test_a_replay_failing_partway_still_counts_the_writes_that_ran(device) -> None:
+    """The ops a failing replay ran before the failure wrote their memory: a graph reading an
+    earlier allocation of that memory then raises, and a graph reading the new one does not."""
+    x = torch.ones(8)
+    src = torch.arange(8.0)
+    idx = torch.zeros(8, dtype=torch.long)
+    pool = device.graph_pool_handle()
+    g_tmp, g_old, failing, g_new = (device.CUDAGraph() for _ in range(4))
+    with device.graph(g_tmp, pool=pool):
+        tmp = x + 1  # allocation 1 of a block
+    with device.graph(g_old, pool=pool):
+        old = tmp * 2  # reads allocation 1, expecting g_tmp's write
+    tmp_ptr = tmp.data_ptr()
+    del tmp
+    with device.graph(failing, pool=pool):
+        doubled = x * 2  # allocation 2 of the temporary's block
+        picked = src.index_select(0, idx)  # the op that fails at replay
+    assert doubled.data_ptr() == tmp_ptr, "premise: doubled re-uses the temporary's block"
+    with device.graph(g_new, pool=pool):
+        new = doubled + 1  # reads allocation 2, expecting the failing graph's first op
+    g_tmp.replay()  # the block holds allocation 1 again
+    g_old.replay()
+    assert old.tolist() == [4.0] * 8
+    idx.fill_(100)
+    with pytest.raises(IndexError):
+        failing.replay()  # its first op wrote allocation 2 before the second raised
+    assert doubled.tolist() == [2.0] * 8
+    with pytest.raises(PoolClobber):
+        g_old.replay()
+    g_new.replay()
+    assert new.tolist() == [3.0] * 8
+    del picked
