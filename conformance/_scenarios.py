@@ -40,7 +40,12 @@ class ScenarioMismatch(AssertionError):
 
 
 class _UserError(Exception):
-    """An ordinary error raised by model code inside a capture."""
+    """An ordinary error raised by model code inside a capture. Its message is a required
+    argument, as many real exception classes' arguments are: code that propagates the error must
+    pass this very object on, never build a new one from its class."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
 
 
 def expect_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
@@ -251,33 +256,52 @@ def unrelated_syncs(ctx: ScenarioContext, mode: str) -> dict[str, Any]:
 
 
 def breakable_failure(ctx: ScenarioContext, case: str) -> dict[str, Any]:
-    """A breakable capture that fails ``case``-wise (``user_error_in_segment``,
-    ``user_error_in_break``, ``sync_in_segment``) with the breakable API under test; report the
-    error and the state afterwards, then check that the graph captures and replays correctly
-    after ``reset()``."""
+    """A breakable capture that fails ``case``-wise with the breakable API under test; report
+    the error and the state afterwards, then check that the graph captures and replays correctly
+    after ``reset()``. The cases: ``user_error_in_segment``, ``user_error_in_break``,
+    ``user_error_with_fork`` (raised while a forked side stream is not joined yet),
+    ``sync_in_segment``, ``default_stream`` (the capture stream is the default stream, so the
+    first segment cannot begin), ``nested_in_break`` (a break body begins another breakable
+    capture), ``wait_on_eager_stream`` (a break body orders a side stream eagerly, and the next
+    segment waits on that stream, which is no fork: uncaptured work)."""
     device, api = ctx.device, ctx.breakable
     hook_before = device.Stream.__dict__.get("wait_stream")
     x = torch.arange(4, dtype=torch.float32, device=device.device)
+    helper = device.Stream()
     fail = {"case": case}
 
     @api.eager_on_graph()
     def double(h: torch.Tensor) -> torch.Tensor:
         if fail["case"] == "user_error_in_break":
             raise _UserError("break body failed")
+        if fail["case"] == "nested_in_break":
+            with api.BreakableCUDAGraphCapture(api.BreakableCUDAGraph(device)):
+                pass
+        if fail["case"] == "wait_on_eager_stream":
+            helper.wait_stream(device.current_stream())  # eager: nothing captures now
         return h * 2
 
     def model() -> torch.Tensor:
         y = double(x + 1)
         if fail["case"] == "user_error_in_segment":
             raise _UserError("model code failed inside a segment")
+        if fail["case"] == "user_error_with_fork":
+            side = device.Stream()
+            side.wait_stream(device.current_stream())
+            with device.stream(side):
+                y.add_(0)
+            raise _UserError("model code failed before joining its side stream")
         if fail["case"] == "sync_in_segment":
             device.synchronize()
+        if fail["case"] == "wait_on_eager_stream":
+            device.current_stream().wait_stream(helper)
         return y * 3
 
     graph = api.BreakableCUDAGraph(device)
+    stream = device.default_stream() if case == "default_stream" else None
     error: BaseException | None = None
     try:
-        with api.BreakableCUDAGraphCapture(graph):
+        with api.BreakableCUDAGraphCapture(graph, stream=stream):
             model()
     except Exception as exc:
         error = exc
@@ -287,6 +311,7 @@ def breakable_failure(ctx: ScenarioContext, case: str) -> dict[str, Any]:
         "hook_restored": device.Stream.__dict__.get("wait_stream") is hook_before,
         "switch_off": not api.is_in_breakable_cuda_graph(),
         "capturing_after": device.is_current_stream_capturing(),
+        "holds_nothing": graph.num_segments == 0 and graph.num_breaks == 0,
     }
     # A decorated call after the failure is a plain call again (no capture left active).
     probe = torch.ones(2, device=device.device)

@@ -163,3 +163,300 @@ def test_result_objects_of_unusual_shapes_are_copied(device, breakable_api, kind
         x.copy_(host)
         graph.replay()
         assert _host(out) == _host((host + 1) * 2 + 1), f"{kind}: got {_host(out)}"
+
+
+@pytest.mark.clause("BCG-6")
+def test_break_with_keyword_arguments_writing_into_one(device, breakable_api) -> None:
+    """A break that returns ``None`` and writes into a keyword argument is replayed with that
+    keyword argument too."""
+    where = device.device
+
+    @breakable_api.eager_on_graph()
+    def into(h: torch.Tensor, *, dest: torch.Tensor, shift: float = 0.0) -> None:
+        dest.copy_(h * 3 + shift)
+
+    x = torch.zeros(4, device=where)
+    buf = torch.zeros(4, device=where)
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(graph):
+        into(x + 1, dest=buf, shift=2.0)
+        out = buf + 1
+    for start in (1.0, 5.0):
+        host = _arange(4, start)
+        x.copy_(host)
+        graph.replay()
+        assert _host(out) == _host((host + 1) * 3 + 2 + 1), f"got {_host(out)}"
+
+
+@pytest.mark.clause("BCG-9", "BCG-2")
+def test_fork_joined_in_its_segment_and_streams_ordered_in_a_break_body(
+    device, breakable_api
+) -> None:
+    """Waits the tracking leaves alone: a fork joined back inside its own segment (both streams
+    capturing), and a break body ordering its own helper stream eagerly (neither capturing)."""
+    where = device.device
+    side, helper = device.Stream(), device.Stream()
+    scratch = torch.zeros(4, device=where)
+
+    @breakable_api.eager_on_graph()
+    def staged(h: torch.Tensor) -> torch.Tensor:
+        current = device.current_stream()
+        helper.wait_stream(current)
+        with device.stream(helper):
+            scratch.copy_(h * 2)
+        current.wait_stream(helper)
+        return scratch + 1
+
+    x = torch.zeros(4, device=where)
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(graph):
+        current = device.current_stream()
+        side.wait_stream(current)
+        with device.stream(side):
+            a = x * 3
+        current.wait_stream(side)  # joined before any break
+        out = staged(x + a) + 1
+    for start in (1.0, 4.0):
+        host = _arange(4, start)
+        x.copy_(host)
+        graph.replay()
+        assert _host(out) == _host((host * 4) * 2 + 1 + 1), f"got {_host(out)}"
+
+
+@pytest.mark.clause("BCG-9", "FAKE-9")
+def test_another_threads_streams_during_a_thread_local_capture(device, breakable_api) -> None:
+    """While a breakable capture in ``thread_local`` mode has a segment open, another thread
+    orders two streams of the same device with ``wait_stream`` and synchronizes one: its calls
+    are not the capture's (they pass the fork tracking unchanged), and its syncs are allowed in
+    that mode."""
+    import threading
+
+    where = device.device
+    first, second = device.Stream(), device.Stream()
+    src, dst = torch.zeros(4, device=where), torch.zeros(4, device=where)
+    errors: list[BaseException] = []
+
+    def other_thread() -> None:
+        try:
+            with device.stream(first):
+                src.fill_(5.0)
+            second.wait_stream(first)
+            with device.stream(second):
+                dst.copy_(src)
+                dst.mul_(2)
+            second.synchronize()
+        except BaseException as error:  # reported by the test's thread
+            errors.append(error)
+
+    @breakable_api.eager_on_graph()
+    def double(h: torch.Tensor) -> torch.Tensor:
+        return h * 2
+
+    x = torch.zeros(4, device=where)
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(graph, capture_error_mode="thread_local"):
+        h = x + 1
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        worker.join()
+        out = double(h) + 1
+    assert not errors, f"the other thread's stream work failed: {errors!r}"
+    assert _host(dst) == [10.0] * 4, f"the other thread's ordered work gave {_host(dst)}"
+    host = _arange(4, 2.0)
+    x.copy_(host)
+    graph.replay()
+    assert _host(out) == _host((host + 1) * 2 + 1), f"got {_host(out)}"
+
+
+@pytest.mark.clause("ORD-6", "BCG-3")
+def test_capture_runs_on_the_stream_it_is_given(device, breakable_api) -> None:
+    """With ``stream=``, the segments capture on that stream and the breaks run on it: it is
+    current for the body and for the capture-time call of a break."""
+    given = device.Stream()
+    seen: dict[str, Any] = {}
+
+    @breakable_api.eager_on_graph()
+    def probe(h: torch.Tensor) -> torch.Tensor:
+        seen.setdefault("break", device.current_stream())
+        seen.setdefault("replay stream", breakable_api.get_replay_stream())
+        return h + 1
+
+    x = torch.zeros(4, device=device.device)
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(graph, stream=given):
+        seen["body"] = device.current_stream()
+        seen["capturing"] = device.is_stream_capturing(given)
+        out = probe(x * 2) * 3
+    wrong = {k: v for k, v in seen.items()
+             if k != "capturing" and not (v is given or v == given)}
+    assert seen["capturing"] and not wrong, f"not on the given stream: {wrong} ({seen})"
+    host = _arange(4, 1.0)
+    x.copy_(host)
+    graph.replay()
+    assert _host(out) == _host((host * 2 + 1) * 3), f"got {_host(out)}"
+
+
+class _OwnWaitStream:
+    """Makes a Stream subclass of ``base`` that defines ``wait_stream`` itself, as
+    ``torch.cuda.Stream`` does (the fake's streams inherit theirs)."""
+
+    @staticmethod
+    def make(base: type) -> type:
+        def wait_stream(self: Any, stream: Any) -> Any:
+            """Own wait_stream, delegating to the base class."""
+            return base.wait_stream(self, stream)
+
+        return type("OwnWaitStream", (base,), {"wait_stream": wait_stream})
+
+
+@pytest.mark.strict
+@pytest.mark.clause("BCG-9")
+def test_hook_restores_a_stream_class_that_defines_wait_stream(
+    backend, breakable_api, monkeypatch
+) -> None:
+    """A device whose Stream class defines ``wait_stream`` itself gets exactly that function
+    back after the capture; during it, forks of its streams are tracked and joined."""
+    device = backend.make_device()
+    cls = _OwnWaitStream.make(device.Stream)
+    own = cls.__dict__["wait_stream"]
+    monkeypatch.setattr(device, "Stream", cls)
+    side = device.Stream()
+
+    @breakable_api.eager_on_graph()
+    def double(h: torch.Tensor) -> torch.Tensor:
+        return h * 2
+
+    x = torch.zeros(4, device=device.device)
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(graph):
+        during = cls.__dict__.get("wait_stream")
+        current = device.current_stream()
+        side.wait_stream(current)
+        with device.stream(side):
+            a = x * 3
+        y = double(x + 1)
+        joined = not device.is_stream_capturing(side)
+        out = y + a  # no explicit join: the capture stream need not be of the patched class
+    assert during is not own, "no wait_stream hook on the device's Stream class during capture"
+    assert cls.__dict__.get("wait_stream") is own, "the class's own wait_stream was not restored"
+    assert joined, "the fork was not joined at the break"
+    host = _arange(4, 1.0)
+    x.copy_(host)
+    graph.replay()
+    assert _host(out) == _host((host + 1) * 2 + host * 3), f"got {_host(out)}"
+
+
+@pytest.mark.strict
+@pytest.mark.clause("BCG-9")
+def test_wait_stream_hook_wraps_the_original(device, breakable_api) -> None:
+    """During the capture the hook stands for the class's method: ``inspect.unwrap`` gives the
+    original back, and the docstring is the original's."""
+    import inspect
+
+    original = device.Stream.wait_stream
+    x = torch.zeros(2, device=device.device)
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(graph):
+        hook = device.Stream.wait_stream
+        x.add_(1)
+    assert hook is not original, "no hook during the capture"
+    assert inspect.unwrap(hook) is original, "the hook does not wrap the original method"
+    assert hook.__doc__ == original.__doc__, "the hook lost the original's docstring"
+
+
+@pytest.mark.strict
+@pytest.mark.clause("BCG-4")
+def test_decorated_function_wraps_the_original(breakable_api) -> None:
+    def attention(h: torch.Tensor) -> torch.Tensor:
+        """Attention."""
+        return h
+
+    decorated = breakable_api.eager_on_graph()(attention)
+    assert decorated.__wrapped__ is attention, "__wrapped__ is not the decorated function"
+    assert (decorated.__name__, decorated.__doc__) == ("attention", "Attention.")
+
+
+@pytest.mark.strict
+@pytest.mark.clause("BCG-11")
+def test_switch_restores_each_level_of_a_deep_nesting(breakable_api) -> None:
+    """Three nested uses: leaving each level restores the value seen on entering it."""
+    switch = breakable_api.enable_breakable_cuda_graph
+    is_in = breakable_api.is_in_breakable_cuda_graph
+    seen = []
+    with switch():
+        with switch():
+            with switch():
+                seen.append(is_in())
+            seen.append(is_in())
+        seen.append(is_in())
+    seen.append(is_in())
+    assert seen == [True, True, True, False], f"switch values on the way out: {seen}"
+    with switch():  # a second round starts from a clean state
+        seen2 = is_in()
+    assert seen2 and not is_in()
+
+
+@pytest.mark.strict
+@pytest.mark.clause("BCG-1", "CUDA-3")
+@pytest.mark.capability("node_count")
+def test_keep_graph_is_kept_and_segments_can_be_counted(device, breakable_api) -> None:
+    """``keep_graph`` defaults to ``False``; with ``keep_graph=True`` every segment is built so
+    that ``graph_node_count`` counts its work."""
+    assert breakable_api.BreakableCUDAGraph(device).keep_graph is False
+
+    @breakable_api.eager_on_graph()
+    def double(h: torch.Tensor) -> torch.Tensor:
+        return h * 2
+
+    x = torch.ones(8, device=device.device)
+    graph = breakable_api.BreakableCUDAGraph(device, keep_graph=True)
+    assert graph.keep_graph is True
+    with breakable_api.BreakableCUDAGraphCapture(graph):
+        x.add_(1)
+        x.mul_(3)
+        y = double(x)
+        y.sub_(1)
+    counts = [device.graph_node_count(s) for s in graph.segments]
+    assert counts == [2, 1], f"work items per segment: {counts}"
+
+
+@pytest.mark.strict
+@pytest.mark.clause("ORD-6")
+def test_device_without_capture_stream_is_a_type_error(device, breakable_api) -> None:
+    """A device module without ``capture_stream()`` (older than the protocol) cannot give a
+    breakable capture its default stream: :class:`TypeError`, and with ``stream=`` it works."""
+
+    class _Old:
+        def __getattr__(self, name: str) -> Any:
+            if name == "capture_stream":
+                raise AttributeError(name)
+            return getattr(device, name)
+
+    old = _Old()
+    graph = breakable_api.BreakableCUDAGraph(old)
+    with pytest.raises(TypeError), breakable_api.BreakableCUDAGraphCapture(graph):
+        pass
+    graph = breakable_api.BreakableCUDAGraph(old)
+    x = torch.zeros(2, device=device.device)
+    with breakable_api.BreakableCUDAGraphCapture(graph, stream=device.Stream()):
+        x.add_(1)
+    graph.replay()
+    assert _host(x) == [1.0, 1.0]
+
+
+@pytest.mark.strict
+@pytest.mark.clause("BCG-6")
+def test_copy_into_copies_the_way_a_break_does(breakable_api) -> None:
+    """``copy_into(dest, src)`` (where the breakable API offers it) copies ``src`` into ``dest``
+    in place, as a break copies a fresh result into its capture-time one; a ``dest`` holding no
+    tensor is left as it is."""
+    copy_into = getattr(breakable_api, "copy_into", None)
+    if copy_into is None:
+        pytest.skip("the breakable API offers no copy_into")
+    out = torch.zeros(3)
+    dest = {"out": out, "n": 1}
+    assert copy_into(dest, {"out": torch.ones(3), "n": 2}) is None
+    assert dest["out"] is out and _host(out) == [1.0, 1.0, 1.0], f"got {dest}"
+    leaves = [1, "s", None]
+    copy_into(leaves, [2, "t", 3])
+    assert leaves == [1, "s", None], f"leaves changed: {leaves}"

@@ -182,7 +182,15 @@ def test_capture_error_mode_governs_unrelated_syncs(backend, mode: str) -> None:
 _BREAKABLE_CASES = [
     ("user_error_in_segment", None),
     ("user_error_in_break", None),
+    pytest.param("user_error_with_fork", None, marks=pytest.mark.clause("BCG-9")),
     ("sync_in_segment", SyncDuringCapture),
+    # The first segment cannot begin: the capture fails inside its own __enter__.
+    pytest.param("default_stream", DefaultStreamCapture, marks=pytest.mark.clause("CAP-3")),
+    # A break body runs while the breakable capture is active (CAP-4).
+    pytest.param("nested_in_break", NestedCapture, marks=pytest.mark.clause("CAP-4")),
+    # Only a fork's join is a no-op after a break (BCG-9); a wait on uncaptured work fails.
+    pytest.param("wait_on_eager_stream", CaptureInvalidated,
+                 marks=pytest.mark.clause("CAP-6", "BCG-9")),
 ]
 _BREAKABLE_OUTCOMES: dict[tuple[str, str], Outcome] = {}
 
@@ -234,5 +242,6 @@ def test_breakable_capture_failure_restores_state_exactly(
         assert error is not None and error.is_a(expected), f"{case}: got {error}"
     replay = ErrorInfo.from_json(state["replay_error"])
     assert replay is not None and replay.is_a(GraphNotReady), f"{case}: replay raised {replay}"
-    flags = {k: state[k] for k in ("hook_restored", "switch_off", "plain_call_after")}
+    flags = {k: state[k]
+             for k in ("hook_restored", "switch_off", "plain_call_after", "holds_nothing")}
     assert all(flags.values()), f"{case}: state after the failure {flags}"
