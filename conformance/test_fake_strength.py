@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fakes
-from spec import PoolClobber
+from spec import GraphNotReady, PoolClobber
 
 from ._leaks import check_leaks  # noqa: F401  (autouse: the leak invariant, FAKE-6)
 
@@ -165,3 +165,58 @@ def test_a_replay_failing_partway_still_counts_the_writes_that_ran(device) -> No
     g_new.replay()
     assert new.tolist() == [3.0] * 8
     del picked
+
+
+@pytest.mark.strict
+@pytest.mark.clause("LIFE-1")
+def test_instantiate_needs_a_complete_capture(device) -> None:
+    """``instantiate()`` (a no-op on the fake) refuses a graph without a complete capture, like
+    ``replay()``, and accepts a ready one."""
+    x = torch.ones(4)
+    graph = device.CUDAGraph()
+    with pytest.raises(GraphNotReady):
+        graph.instantiate()
+    with device.graph(graph):
+        y = x * 3
+    graph.instantiate()
+    graph.replay()
+    assert y.tolist() == [3.0] * 4
+    graph.reset()
+    with pytest.raises(GraphNotReady):
+        graph.instantiate()
+
+
+@pytest.mark.strict
+@pytest.mark.clause("MEM-1", "MEM-2")
+def test_capture_memory_is_aligned_and_spans_whole_blocks(device) -> None:
+    """Every fresh block is 64-byte aligned (what kernels see in eager mode) and rounded up to
+    512 bytes, CUDA's block unit; a tensor's storage spans its whole block."""
+    x = torch.ones(1000)
+    graph = device.CUDAGraph()
+    sizes = (1, 3, 100, 128, 129, 257, 1000)
+    with device.graph(graph):
+        outs = [x[:n] * 2 for n in sizes]
+        outs += [x[:n].to(torch.int8) for n in sizes]
+    for out in outs:
+        nbytes = out.numel() * out.element_size()
+        assert out.data_ptr() % 64 == 0, f"{out.numel()} x {out.dtype} at {out.data_ptr():#x}"
+        expected = max(512, -(-nbytes // 512) * 512)
+        assert out.untyped_storage().nbytes() == expected, (
+            f"{nbytes} B in a storage of {out.untyped_storage().nbytes()} B, expected {expected}"
+        )
+    del graph, outs
+
+
+@pytest.mark.clause("FAKE-2", "RPL-1")
+def test_a_capture_may_read_memory_it_allocated_and_never_wrote(device) -> None:
+    """Reading fresh capture memory before any write (``torch.empty`` then an op on it) records
+    like any read: replay reads what the memory holds then, poison first."""
+    graph = device.CUDAGraph()
+    with device.graph(graph):
+        scratch = torch.empty(4, dtype=torch.int32)
+        out = scratch + 0
+    graph.replay()
+    assert fakes.is_poisoned(out), f"the never-written memory read {out.tolist()}"
+    scratch.fill_(3)
+    graph.replay()
+    assert out.tolist() == [3] * 4
