@@ -3,6 +3,7 @@ backends whose failures may poison the process, as PyTorch's own tests do)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -71,6 +72,18 @@ def _error(outcome_value: dict, key: str) -> ErrorInfo | None:
 _OUTCOMES: dict[tuple[str, str], Outcome] = {}
 """Per (backend, case), the outcome of the capture failure: the core and the strict test of a
 case read one run (on CUDA each is a subprocess)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fresh_outcomes() -> Iterator[None]:
+    """The outcome caches hold for one run of this module: a later pytest session in the same
+    process (mutation testing runs one per mutant, in forks of a process that ran the suite)
+    runs the scenarios again instead of reading outcomes of another build of impl."""
+    _OUTCOMES.clear()
+    _BREAKABLE_OUTCOMES.clear()
+    yield
+    _OUTCOMES.clear()
+    _BREAKABLE_OUTCOMES.clear()
 
 
 def _capture_failure(backend: Any, case: str) -> Outcome:
