@@ -255,6 +255,16 @@ def unrelated_syncs(ctx: ScenarioContext, mode: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
+def _failing_join_stream(device: DeviceModule) -> Any:
+    """A stream of ``device`` whose ``record_event`` raises: joining it into another stream
+    (``other.wait_stream(it)`` records an event on it) fails."""
+
+    def record_event(self: Any, event: Any = None) -> Any:
+        raise _UserError("recording an event on the side stream failed")
+
+    return type("FailingJoinStream", (device.Stream,), {"record_event": record_event})()
+
+
 def breakable_failure(ctx: ScenarioContext, case: str) -> dict[str, Any]:
     """A breakable capture that fails ``case``-wise with the breakable API under test; report
     the error and the state afterwards, then check that the graph captures and replays correctly
@@ -263,7 +273,8 @@ def breakable_failure(ctx: ScenarioContext, case: str) -> dict[str, Any]:
     ``sync_in_segment``, ``default_stream`` (the capture stream is the default stream, so the
     first segment cannot begin), ``nested_in_break`` (a break body begins another breakable
     capture), ``wait_on_eager_stream`` (a break body orders a side stream eagerly, and the next
-    segment waits on that stream, which is no fork: uncaptured work)."""
+    segment waits on that stream, which is no fork: uncaptured work), ``join_fails_at_end``
+    (joining a fork when the capture ends raises: the capture must still be closed)."""
     device, api = ctx.device, ctx.breakable
     hook_before = device.Stream.__dict__.get("wait_stream")
     x = torch.arange(4, dtype=torch.float32, device=device.device)
@@ -295,6 +306,9 @@ def breakable_failure(ctx: ScenarioContext, case: str) -> dict[str, Any]:
             device.synchronize()
         if fail["case"] == "wait_on_eager_stream":
             device.current_stream().wait_stream(helper)
+        if fail["case"] == "join_fails_at_end":
+            side = _failing_join_stream(device)
+            side.wait_stream(device.current_stream())  # a fork, left for the capture to join
         return y * 3
 
     graph = api.BreakableCUDAGraph(device)
