@@ -6,6 +6,7 @@ partway (which writes count for the pool checks), and a pool token's own counter
 from __future__ import annotations
 
 import gc
+import math
 
 import pytest
 import torch
@@ -220,3 +221,33 @@ def test_a_capture_may_read_memory_it_allocated_and_never_wrote(device) -> None:
     scratch.fill_(3)
     graph.replay()
     assert out.tolist() == [3] * 4
+
+
+@pytest.mark.clause("FAKE-3", "RPL-1")
+def test_host_constants_made_in_a_capture_live_as_long_as_the_graph(device) -> None:
+    """``torch.tensor(data)`` inside a capture is baked into the graph: replays after the
+    capture-time tensor died still read its values (no ``FreedMemoryAccess``)."""
+    x = torch.ones(2)
+    graph = device.CUDAGraph()
+    with device.graph(graph):
+        shifted = x + torch.tensor([1.0, 2.0])
+        scaled = x * torch.tensor(3.0)
+    gc.collect()
+    x.fill_(2.0)
+    graph.replay()
+    assert (shifted.tolist(), scaled.tolist()) == ([3.0, 4.0], [6.0, 6.0])
+
+
+@pytest.mark.clause("FAKE-2")
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_poison_is_nan_in_both_parts(device, dtype: torch.dtype) -> None:
+    value = fakes.poison_value(dtype)
+    assert math.isnan(value.real) and math.isnan(value.imag), f"poison_value gave {value}"
+    x = torch.ones(4, dtype=dtype)
+    graph = device.CUDAGraph()
+    with device.graph(graph):
+        y = x * 2
+    parts = torch.view_as_real(y)
+    assert torch.isnan(parts).all(), f"a fresh complex output held {y.tolist()}"
+    graph.replay()
+    assert y.tolist() == [2 + 0j] * 4
