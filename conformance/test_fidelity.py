@@ -242,6 +242,11 @@ def test_ops_on_a_stream_outside_the_capture_run_eagerly(backend, device, mode: 
     ``cudaMalloc``, an unsafe call in that mode); in ``relaxed`` mode it also allocates."""
     dev = device.device
     other = device.Stream()
+    if other == device.capture_stream():
+        # On CUDA, Stream() hands out torch's pool of 32 streams per priority in turn: a new
+        # stream can be the capture stream itself, which is part of the capture. The next one
+        # is not.
+        other = device.Stream()
     x = torch.arange(3.0, device=dev)
     w = torch.zeros(3, device=dev)
     other.wait_stream(device.current_stream())
