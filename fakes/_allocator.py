@@ -152,7 +152,7 @@ class Block:
         g = self.gen if gen is None else gen
         return f"block #{self.id} of pool #{self.pool_id} ({self.size} B, allocation {g})"
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # pragma: no mutate block (debugging text)
         state = "live" if self.tenant_storage() is not None else "free"
         return f"<{self.describe()} {state}>"
 
@@ -199,12 +199,6 @@ class MemRef:
     shape: tuple[int, ...]
     stride: tuple[int, ...]
     dtype: torch.dtype
-
-    def describe(self) -> str:
-        if self.block is not None:
-            return self.block.describe(self.gen)
-        assert self.weak is not None
-        return self.weak.label
 
     def view(self, storage: torch.UntypedStorage) -> torch.Tensor:
         """A tensor with this geometry on ``storage`` (call under ``no_python_dispatch``)."""
