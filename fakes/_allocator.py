@@ -160,11 +160,10 @@ class Block:
 class WeakMemory:
     """A non-owning handle to a storage outside the graph's pool (what CUDA holds: an address)."""
 
-    __slots__ = ("_ref", "label", "nbytes")
+    __slots__ = ("_ref", "label")
 
     def __init__(self, storage: torch.UntypedStorage, label: str) -> None:
         self._ref = weakref.ref(storage)
-        self.nbytes = storage.nbytes()
         self.label = label
 
     def resolve(self) -> torch.UntypedStorage | None:
