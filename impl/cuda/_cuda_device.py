@@ -14,9 +14,10 @@ answers too little or fails in a way that leaves the process unusable:
   of :mod:`spec.errors`, with the original as ``__cause__`` (``CAP-1`` .. ``CAP-6``).
 - **Checks before damage**: a nested capture and a capture on the default stream are refused
   before anything touches CUDA (``torch.cuda.graph`` would first synchronize, which a capture in
-  progress turns into an invalidated capture). After a failed ``capture_end`` the caching
-  allocator is told that the capture is over and the pool reference it took is dropped, so the
-  process keeps allocating normally.
+  progress turns into an invalidated capture). After a failed ``capture_end`` torch's own
+  bookkeeping is run on an empty stand-in capture, so the caching and the pinned host
+  allocators stop routing to the pool and the pool reference is dropped: the process keeps
+  allocating normally, and a shared pool serves the next capture.
 - **No graph dies during a capture** (``CUDA-4``). Destroying a CUDA graph while a global-mode
   capture is active invalidates that capture: CUDA reports it at the next launch
   (``cudaErrorStreamCaptureInvalidated``, often as ``CUBLAS_STATUS_EXECUTION_FAILED`` in a
