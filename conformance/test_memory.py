@@ -325,14 +325,15 @@ def test_a_stale_write_of_an_earlier_allocation_is_a_clobber(device) -> None:
         del tmp
     with device.graph(g1, pool=pool):
         u = x + 5  # allocation 2 of the same block
+        keep = x + 3  # a block only g1 writes
     assert u.data_ptr() == tmp_ptr, "premise: u re-uses the temporary's block"
     with device.graph(g2, pool=pool):
-        v = u * 3  # expects g1's write
+        v = keep + u  # expects g1's writes; reads keep first, so the clobbered read is second
     for graph in (g0, g1, g2):
         graph.replay()
-    assert torch.equal(v, _full(device, (8,), 18.0)) and torch.equal(r0, _full(device, (8,), 4.0))
+    assert torch.equal(v, _full(device, (8,), 10.0)) and torch.equal(r0, _full(device, (8,), 4.0))
     g1.replay()
-    g0.replay()  # writes its temporary over u
+    g0.replay()  # writes its temporary over u, not over keep
     with pytest.raises(PoolClobber):
         g2.replay()
 
