@@ -278,10 +278,10 @@ class TorchAttentionBackend:
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-        batch: ForwardBatch, *, save_kv: bool = True,
+        batch: ForwardBatch, *, save_kv_cache: bool = True,
     ) -> torch.Tensor:
-        """Write this step's ``k``/``v`` into the cache (unless ``save_kv`` is false: the
-        caller wrote them) and attend: ``q`` ``[T, heads, d]``, ``k``/``v``
+        """Write this step's ``k``/``v`` into the cache (unless ``save_kv_cache`` is false:
+        the caller wrote them) and attend: ``q`` ``[T, heads, d]``, ``k``/``v``
         ``[T, kv_heads, d]``; returns ``[T, heads * d]``.
 
         When ``q`` has more rows than the batch has tokens (a padded graph calling an eager
@@ -292,10 +292,10 @@ class TorchAttentionBackend:
         if q.shape[0] != tokens:
             out = q.new_zeros(q.shape[0], self.num_heads * self.head_dim)
             out[:tokens] = self.forward(
-                q[:tokens], k[:tokens], v[:tokens], layer_id, batch, save_kv=save_kv
+                q[:tokens], k[:tokens], v[:tokens], layer_id, batch, save_kv_cache=save_kv_cache
             )
             return out
-        if save_kv:
+        if save_kv_cache:
             self.kv_cache.set_kv_buffer(layer_id, batch.out_cache_loc, k, v)
         if batch.forward_mode.is_decode():
             return self._decode(q, layer_id)

@@ -81,7 +81,7 @@ def attention_break(
     so it serves however many requests and real tokens the step has. The cache write is not
     part of it: the segment before it records that (see :class:`AttentionMixer`)."""
     batch = get_forward_context().batch
-    return batch.attn_backend.forward(q, k, v, layer_id, batch, save_kv=False)
+    return batch.attn_backend.forward(q, k, v, layer_id, batch, save_kv_cache=False)
 
 
 class AttentionMixer(nn.Module):
@@ -119,7 +119,7 @@ class AttentionMixer(nn.Module):
             # The cache write has static shapes, so the segment records it, at the captured
             # batch's locations (registry buffers, padded rows at the dummy slot), and the
             # break launches attention only: fewer eager launches per break.
-            batch.kv_cache.set_kv_buffer(self.layer_id, batch.out_cache_loc, k, v)
+            batch.attn_backend.kv_cache.set_kv_buffer(self.layer_id, batch.out_cache_loc, k, v)
             out = attention_break(q, k, v, self.layer_id)
         else:
             out = batch.attn_backend.forward(q, k, v, self.layer_id, batch)
