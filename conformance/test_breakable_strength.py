@@ -5,6 +5,8 @@ across one break, and results mixing tensors with leaves a graph baked in (numbe
 
 from __future__ import annotations
 
+import inspect
+import threading
 from typing import Any
 
 import pytest
@@ -229,8 +231,6 @@ def test_another_threads_streams_during_a_thread_local_capture(device, breakable
     orders two streams of the same device with ``wait_stream`` and synchronizes one: its calls
     are not the capture's (they pass the fork tracking unchanged), and its syncs are allowed in
     that mode."""
-    import threading
-
     where = device.device
     first, second = device.Stream(), device.Stream()
     src, dst = torch.zeros(4, device=where), torch.zeros(4, device=where)
@@ -351,8 +351,6 @@ def test_hook_restores_a_stream_class_that_defines_wait_stream(
 def test_wait_stream_hook_wraps_the_original(device, breakable_api) -> None:
     """During the capture the hook stands for the class's method: ``inspect.unwrap`` gives the
     original back, and the docstring is the original's."""
-    import inspect
-
     original = device.Stream.wait_stream
     x = torch.zeros(2, device=device.device)
     graph = breakable_api.BreakableCUDAGraph(device)
