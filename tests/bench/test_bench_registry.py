@@ -63,13 +63,18 @@ def _registry_fill(reg: impl.CudaGraphBufferRegistry, fb: SimpleNamespace) -> No
     )
 
 
+def _axis_dim(name: str) -> int:
+    """The dimension a slot's rows lie along (``mrope_positions`` is ``[3, tokens]``)."""
+    return 1 if name == "mrope_positions" else 0
+
+
 def _naive_fill(reg: impl.CudaGraphBufferRegistry, fb: SimpleNamespace) -> None:
     """What a runner writes by hand: one pad reset and one copy per field."""
     for name in reg.slot_names():
         slot = reg.get_slot(name)
         raw, padded = (RAW_BS, PADDED_BS)
         buf = slot.buffer
-        dim = 1 if name == "mrope_positions" else 0
+        dim = _axis_dim(name)
         if slot.padding_policy is impl.PaddingPolicy.ZERO:
             buf.narrow(dim, raw, padded - raw).zero_()
         elif slot.padding_policy is impl.PaddingPolicy.FILL_SENTINEL:
@@ -92,7 +97,7 @@ def _expected_kernels(reg: impl.CudaGraphBufferRegistry, fb: SimpleNamespace) ->
         buf = slot.buffer
         if buf.device.type == "cpu":
             continue
-        dim = 1 if name == "mrope_positions" else 0
+        dim = _axis_dim(name)
         pad = buf.narrow(dim, RAW_BS, PADDED_BS - RAW_BS)
         if slot.padding_policy is impl.PaddingPolicy.ZERO:
             zero.add(buf.dtype if pad.is_contiguous() else name)
