@@ -49,6 +49,28 @@ def test_cuda_device_basics() -> None:
     assert handle.shape == (4,)
 
 
+@pytest.mark.gpu
+def test_no_new_stream_is_the_capture_stream() -> None:
+    # torch's pool hands out 32 streams per priority round-robin: a pooled capture stream
+    # comes back as a "side" stream within 32 calls, and work meant to run beside a capture
+    # would be captured into it instead
+    device = impl.CudaDevice()
+    capture = device.capture_stream()
+    assert capture == impl.CudaDevice().capture_stream()
+    assert capture != device.current_stream()
+    for priority in (0, -1):
+        for _ in range(80):
+            assert device.Stream(priority=priority) != capture
+    x = torch.arange(8.0, device=device.device)
+    graph = device.CUDAGraph()
+    with device.graph(graph):
+        y = x * 2
+    x.add_(1)
+    graph.replay()
+    device.synchronize()
+    assert torch.equal(y, (torch.arange(8.0, device=device.device) + 1) * 2)
+
+
 _SHARED_POOL_AFTER_FAILURE = """
 import torch, impl, spec
 dev = impl.CudaDevice()

@@ -121,6 +121,19 @@ def _checked(result: Any, what: str) -> Any:
     return values[0] if len(values) == 1 else tuple(values)
 
 
+def _unpooled_stream(device: torch.device) -> torch.cuda.Stream:
+    """A non-blocking stream of ``device`` that torch's stream pool never hands out, or a
+    pool stream when ``cuda.bindings`` is missing."""
+    rt = _cudart()
+    if rt is None:
+        return torch.cuda.Stream(device)
+    with torch.cuda.device(device):
+        handle = _checked(
+            rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking), "cudaStreamCreateWithFlags"
+        )
+    return torch.cuda.ExternalStream(int(handle), device=device)
+
+
 def _cuda_error_code(error: BaseException) -> int | None:
     """The ``cudaError_t`` behind a torch error: ``torch.AcceleratorError.error_code``;
     ``None`` for an error that carries none (torch's own checks, the caller's errors)."""
@@ -610,11 +623,18 @@ class CudaDevice:
         """The default capture stream of this GPU (``torch.cuda.graph``'s
         ``default_capture_stream`` idea): a side stream created on first use, shared by every
         ``CudaDevice`` of the GPU, never the default stream. ``graph()`` without a stream,
-        breakable captures and runners capture on it."""
+        breakable captures and runners capture on it.
+
+        It is created outside torch's stream pool (``cudaStreamCreateWithFlags`` through
+        ``cuda.bindings``, wrapped as a ``torch.cuda.ExternalStream``, never destroyed): torch
+        hands out its pool's 32 streams per priority round-robin, so a pool stream would come
+        back from a later ``torch.cuda.Stream()`` (``Stream()`` here) as the user's "other"
+        stream, and work meant to run beside the capture would silently be captured into it.
+        Without ``cuda.bindings`` it is a pool stream, with that aliasing possible."""
         index = self.device.index
         stream = self._capture_streams.get(index)
         if stream is None:
-            stream = self._capture_streams[index] = torch.cuda.Stream(self.device)
+            stream = self._capture_streams[index] = _unpooled_stream(self.device)
         return stream
 
     # -- graphs -------------------------------------------------------------------------------
