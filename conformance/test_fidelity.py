@@ -243,9 +243,9 @@ def test_ops_on_a_stream_outside_the_capture_run_eagerly(backend, device, mode: 
     dev = device.device
     other = device.Stream()
     if other == device.capture_stream():
-        # On CUDA, Stream() hands out torch's pool of 32 streams per priority in turn: a new
-        # stream can be the capture stream itself, which is part of the capture. The next one
-        # is not.
+        # A backend whose capture stream comes from torch's stream pool (32 streams per
+        # priority, handed out in turn) can return it from Stream(); our CUDA device creates
+        # its capture stream outside that pool. The next one is not the capture stream.
         other = device.Stream()
     x = torch.arange(3.0, device=dev)
     w = torch.zeros(3, device=dev)
