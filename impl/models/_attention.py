@@ -16,6 +16,7 @@ raw metadata raises :class:`spec.MetadataNotUpgraded`, never stale data.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from typing import Any, Literal
 
@@ -58,7 +59,8 @@ class AttentionMetadata:
     (host lists) with their device forms for varlen attention: ``cu_seqlens_q`` and
     ``cu_seqlens_k`` (int32 ``[bs + 1]`` prefix sums of new tokens and of whole lengths),
     ``max_seqlen_q`` / ``max_seqlen_k`` (ints) and ``extend_kv_gather`` (int32: for each request
-    in order, its row of ``kv_indices`` flattened, columns ``0 .. seq_len - 1``). Full fields
+    in order, its row of ``kv_indices`` flattened, columns ``0 .. seq_len - 1``; ``None`` when
+    no request has a cached prefix, since attention then reads this step's keys). Full fields
     (device views of the backend's buffers): ``kv_indices``
     (``[bs, max_context_len]`` full-pool slots of each request's tokens), ``kv_valid`` (which of
     them are within the request's length), ``swa_kv_indices`` / ``swa_valid`` (the same in the
@@ -117,7 +119,9 @@ class AttentionMetadata:
         locs = self._key_locs.get(swa)
         if locs is None:
             if self.extend_kv_gather is None:
-                raise RuntimeError(f"extend_key_locs needs extend metadata, got {self!r}")
+                raise RuntimeError(
+                    f"extend_key_locs needs extend metadata with a cached prefix, got {self!r}"
+                )
             locs = self.kv_indices.reshape(-1).index_select(0, self.extend_kv_gather)
             if swa_mapping is not None:
                 locs = swa_mapping.index_select(0, locs)
@@ -224,22 +228,30 @@ class TorchAttentionBackend:
         lengths = [p + n for p, n in zip(meta.extend_prefix_lens, meta.extend_seq_lens,
                                          strict=True)]
         bs, width = len(lengths), self._kv_indices.shape[1]
-        host = torch.empty(2 * (bs + 1) + sum(lengths), dtype=torch.int32)
-        host[0] = host[bs + 1] = 0
-        torch.cumsum(torch.tensor(meta.extend_seq_lens, dtype=torch.int32), 0,
-                     out=host[1 : bs + 1])
-        torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0, out=host[bs + 2 : 2 * bs + 2])
-        at = 2 * bs + 2
-        for row, length in enumerate(lengths):
-            torch.arange(row * width, row * width + length, out=host[at : at + length])
-            at += length
-        # One host-to-device copy per step for everything varlen attention needs.
-        packed = host.to(self.kv_cache.device)
+        # Built as plain ints and sent in one host-to-device copy: a tensor op per value
+        # range would cost more host time than the attention it prepares.
+        values = [
+            *itertools.accumulate(meta.extend_seq_lens, initial=0),
+            *itertools.accumulate(lengths, initial=0),
+        ]
+        cached_prefix = any(meta.extend_prefix_lens)
+        if cached_prefix:
+            for row, length in enumerate(lengths):
+                values.extend(range(row * width, row * width + length))
+        packed = self._to_device(values)
         meta.cu_seqlens_q, meta.cu_seqlens_k = packed[: bs + 1], packed[bs + 1 : 2 * bs + 2]
-        meta.extend_kv_gather = packed[2 * bs + 2 :]
+        meta.extend_kv_gather = packed[2 * bs + 2 :] if cached_prefix else None
         meta.max_seqlen_q = max(meta.extend_seq_lens, default=0)
         meta.max_seqlen_k = max(lengths, default=0)
         self.forward_metadata = meta
+
+    def _to_device(self, values: list[int]) -> torch.Tensor:
+        """``values`` as an int32 tensor on the cache's device. On CUDA through pinned memory
+        without blocking the host: the caching host allocator keeps the staging block until
+        the copy has run, and work ordered after it on the stream sees the values."""
+        pinned = self.kv_cache.device.type == "cuda"
+        host = torch.tensor(values, dtype=torch.int32, pin_memory=pinned)
+        return host.to(self.kv_cache.device, non_blocking=pinned)
 
     def init_forward_metadata_in_graph(self, batch: ForwardBatch) -> None:
         """Device preparation with static shapes, recordable inside a graph: upgrades
@@ -248,13 +260,14 @@ class TorchAttentionBackend:
         meta = self._require_metadata()
         bs, tokens = batch.batch_size, batch.num_tokens
         kv_indices, kv_valid = self._kv_indices[:bs], self._kv_valid[:bs]
-        kv_indices.copy_(self.kv_cache.req_to_token.index_select(0, batch.req_pool_indices))
+        # out= forms: one launch each (one graph node in the decode graph), no temporary
+        torch.index_select(self.kv_cache.req_to_token, 0, batch.req_pool_indices, out=kv_indices)
         torch.lt(self._arange.unsqueeze(0), batch.seq_lens.unsqueeze(1), out=kv_valid)
         fields: dict[str, Any] = {"kv_indices": kv_indices, "kv_valid": kv_valid}
         if self.has_swa:
             swa_indices, swa_valid = self._swa_kv_indices[:bs], self._swa_valid[:bs]
             mapping = self.kv_cache.full_to_swa_index_mapping  # type: ignore[attr-defined]
-            swa_indices.copy_(mapping.index_select(0, kv_indices.reshape(-1)).view(bs, -1))
+            torch.index_select(mapping, 0, kv_indices.reshape(-1), out=swa_indices.view(-1))
             first = (batch.seq_lens - self.sliding_window).unsqueeze(1)
             torch.logical_and(kv_valid, self._arange.unsqueeze(0) >= first, out=swa_valid)
             fields["swa_kv_indices"], fields["swa_valid"] = swa_indices, swa_valid
