@@ -320,6 +320,36 @@ def test_in_graph_half_makes_full_metadata(dev: fakes.FakeDevice) -> None:
     assert not backend.forward_metadata.is_full, "the out-of-graph half must start raw again"
 
 
+@pytest.mark.parametrize("prefix", [[0, 0], [2, 0]], ids=["no_prefix", "cached_prefix"])
+def test_out_of_graph_half_packs_the_varlen_metadata(
+    dev: fakes.FakeDevice, prefix: list[int]
+) -> None:
+    backend, kv = _backend(dev, hybrid=False, compressor=False)
+    new = [3, 2]
+    lens = [p + n for p, n in zip(prefix, new, strict=True)]
+    batch = _batch(dev, mode=ForwardMode.EXTEND, rows=[2, 1], seq_lens=lens,
+                   extend_seq_lens_cpu=new, extend_prefix_lens_cpu=prefix,
+                   extend_start_loc_cpu=[0, 3])
+    backend.init_forward_metadata_out_graph(batch)
+    meta = backend.forward_metadata
+    assert meta.cu_seqlens_q.dtype == torch.int32
+    assert meta.cu_seqlens_q.tolist() == [0, 3, 5]
+    assert meta.cu_seqlens_k.tolist() == [0, lens[0], lens[0] + lens[1]]
+    assert (meta.max_seqlen_q, meta.max_seqlen_k) == (3, max(lens))
+    if not any(prefix):
+        # attention reads this step's own keys: nothing to gather, nothing copied for it
+        assert meta.extend_kv_gather is None
+        with pytest.raises(RuntimeError, match="cached prefix"):
+            meta.extend_key_locs()
+        return
+    width = backend._kv_indices.shape[1]
+    expected = [*range(lens[0]), *range(width, width + lens[1])]
+    assert meta.extend_kv_gather.tolist() == expected
+    backend.init_forward_metadata_in_graph(batch)
+    keys = [*kv.req_to_token[2, : lens[0]].tolist(), *kv.req_to_token[1, : lens[1]].tolist()]
+    assert meta.extend_key_locs().tolist() == keys
+
+
 def test_in_graph_half_writes_into_the_same_buffers(dev: fakes.FakeDevice) -> None:
     backend, kv = _backend(dev, hybrid=True, compressor=True)
     pointers = []
