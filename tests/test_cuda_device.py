@@ -50,6 +50,7 @@ def test_cuda_device_basics() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.clause("ORD-6")
 def test_no_new_stream_is_the_capture_stream() -> None:
     # torch's pool hands out 32 streams per priority round-robin: a pooled capture stream
     # comes back as a "side" stream within 32 calls, and work meant to run beside a capture

@@ -297,11 +297,16 @@ class FullGraphStep:
         self.graph.replay()
 
     def step(self, batch: ForwardBatch) -> torch.Tensor:
+        """Serve ``batch`` (of the captured shape): fill, out-of-graph half, copy, replay."""
         self.registry.fill_from(batch, **self._fill)
         self.backend.init_forward_metadata_out_graph(batch)
         live, captured = self.backend.forward_metadata, self.metadata
-        torch._foreach_copy_([captured.cu_seqlens_q, captured.cu_seqlens_k],
-                             [live.cu_seqlens_q, live.cu_seqlens_k])
+        # Every device field of the out-of-graph half the graph may read; the gather exists
+        # only for batches with a cached prefix, in both or in neither (same shape).
+        names = [n for n in ("cu_seqlens_q", "cu_seqlens_k", "extend_kv_gather")
+                 if getattr(captured, n) is not None]
+        torch._foreach_copy_([getattr(captured, n) for n in names],
+                             [getattr(live, n) for n in names])
         self.graph.replay()
         return self.logits
 
