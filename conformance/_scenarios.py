@@ -458,6 +458,76 @@ def result_needed_after_later_break(ctx: ScenarioContext, variant: str) -> dict[
     return {"segments": graph.num_segments, "breaks": graph.num_breaks}
 
 
+def scratch_across_captures(ctx: ScenarioContext, variant: str) -> dict[str, Any]:
+    """Three captures into one pool on one stream (``BCG-7``). Graph P, replayed once, leaves
+    its output ``p`` as a static input of graph A's break, and the caller drops ``p``: it is not
+    A's scratch, so A must keep it. A's own scratch (a segment's output, a break's result, a
+    buffer a break fills in place) may be re-used by graph C, captured after A. Replaying A
+    then C (capture order) again and again is equal to eager each time."""
+    device = ctx.device
+    api, capture = _regression_api(ctx, variant)
+    stream = device.Stream()
+    pool = device.graph_pool_handle()
+    n = 16
+    churn = _CHURN // 16
+
+    @api.eager_on_graph()
+    def plus_ten(h: torch.Tensor) -> torch.Tensor:
+        return h + 10
+
+    @api.eager_on_graph()
+    def scale(h: torch.Tensor, by: torch.Tensor) -> torch.Tensor:
+        return h * by
+
+    @api.eager_on_graph()
+    def fill_with(buf: torch.Tensor, h: torch.Tensor) -> None:
+        buf.copy_(h * 5)
+
+    host_p = torch.arange(n, dtype=torch.float32) + 1
+    with device.stream(stream):
+        xp = torch.zeros(n, device=device.device)
+        xa = torch.zeros(n, device=device.device)
+        xc = torch.zeros(n, device=device.device)
+        by = _full(device, n, 3.0)
+        graph_p = api.BreakableCUDAGraph(device)
+        with capture(graph_p, pool=pool, stream=stream):
+            p = plus_ten(xp + 1) * 1
+        xp.copy_(host_p)
+        graph_p.replay()  # once: p is a static input from now on
+        graph_a = api.BreakableCUDAGraph(device)
+        with capture(graph_a, pool=pool, stream=stream):
+            h = scale(p, by) + xa  # p: graph P's output, held by the caller until now
+            buf = torch.empty_like(h)
+            fill_with(buf, h)
+            out_a = buf + h
+        del p, h, buf
+        gc.collect()
+        graph_c = api.BreakableCUDAGraph(device)
+        with capture(graph_c, pool=pool, stream=stream):
+            # Enough same-size blocks to take every block of the pool the others let go of.
+            outs_c = [plus_ten(xc * float(k)) for k in range(churn)]
+            out_c = torch.stack(outs_c).sum(0)
+        del outs_c
+        gc.collect()
+
+    k = torch.arange(churn, dtype=torch.float32)
+    for start in (1.0, 20.0):
+        host_a = torch.arange(n, dtype=torch.float32) + start
+        host_c = torch.full((n,), -start)
+        with device.stream(stream):
+            xa.copy_(host_a)
+            xc.copy_(host_c)
+            graph_a.replay()
+            result_a = out_a.cpu()  # read before C's replay: C may re-use A's scratch
+            graph_c.replay()
+            result_c = out_c.cpu()
+        h_a = (host_p + 1 + 10) * 3 + host_a
+        expect_equal(result_a, h_a * 5 + h_a, f"graph A, step with inputs from {start}")
+        expected_c = (host_c[None, :] * k[:, None] + 10).sum(0)
+        expect_equal(result_c, expected_c, f"graph C, step with inputs from {start}")
+    return {"breaks": graph_a.num_breaks}
+
+
 def fork_across_break(ctx: ScenarioContext, variant: str) -> dict[str, Any]:
     """A side stream forked in segment 0 and joined by the model only after a break
     (``BCG-9``): the capture joins it before segment 0 ends; the model's own join, now of a

@@ -10,9 +10,14 @@ hazard errors, on CUDA through the corrupted data itself.
 - ``weak_inputs``: break inputs held as weak references (the breakable-prefill bug that re-used
   weak-ref'd inputs across batch-size buckets). An input created eagerly per size and dropped by
   the caller is freed; the allocator hands its block to the next size's tensors.
-- ``weak_result``: the capture-time result held weakly. Its block goes back to the allocator,
-  the next break's fresh result lands there, and a later segment that still reads the first
-  result reads the second.
+- ``weak_result``: the capture-time result, allocated eagerly outside the pool, held weakly.
+  Its block goes back to the allocator, the next break's fresh result lands there, and a later
+  segment that still reads the first result reads the second. (The reference allocates break
+  results in the pool, where a non-owning hold is safe: only later captures re-use them.)
+- ``scratch_mark_per_pool``: scratch (memory a graph may hold without owning) tracked from the
+  first capture into a pool rather than from each capture's start, so an earlier graph's output
+  in the pool that a break reads counts as scratch: once the caller drops it, a later capture
+  takes its block, and the break reads that capture's data.
 - ``unjoined_fork``: no automatic join of forked side streams before a segment ends.
 - ``unordered_entry``: the capture stream does not wait for the caller's stream on entry, so a
   break body reads inputs the caller's stream may still be writing (``ORD-4``; on CUDA
@@ -37,8 +42,10 @@ stream, after ops that read it).
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import torch
 
@@ -50,6 +57,7 @@ __all__ = [
     "MUTANTS",
     "PREFILL_MUTANTS",
     "REGISTRY_MUTANTS",
+    "ScratchMarkPerPoolCapture",
     "UnjoinedForkCapture",
     "UnorderedEntryCapture",
     "UnorderedExitCapture",
@@ -148,10 +156,30 @@ class WeakInputsCapture(impl.BreakableCUDAGraphCapture):
 
 
 class WeakResultCapture(impl.BreakableCUDAGraphCapture):
-    """Mutant: the capture-time result held as a weak reference (``BCG-7``)."""
+    """Mutant: the capture-time result, an eager allocation outside the pool, held as a weak
+    reference (``BCG-7``)."""
+
+    def _break_allocations(self) -> Any:
+        return contextlib.nullcontext()
 
     def _make_break(self, fn: Any, args: Any, kwargs: Any, result: Any) -> Any:
         return _WeakResultBreak(self.device, fn, args, kwargs, result)
+
+
+class ScratchMarkPerPoolCapture(impl.BreakableCUDAGraphCapture):
+    """Mutant: scratch tracked from the first capture into a pool instead of from each capture's
+    start (``BCG-7``), so another graph's output in the pool counts as this graph's scratch."""
+
+    # By pool token, weakly where the token allows (the fake's): a mutant leaks nothing.
+    _trackers: ClassVar[weakref.WeakKeyDictionary[Any, Any]] = weakref.WeakKeyDictionary()
+    _by_value: ClassVar[dict[Any, Any]] = {}
+
+    def _track_scratch(self, pool: Any) -> Any:
+        trackers: Any = self._by_value if isinstance(pool, tuple) else self._trackers
+        tracker = trackers.get(pool)
+        if tracker is None:
+            tracker = trackers[pool] = super()._track_scratch(pool)
+        return tracker
 
 
 class UnjoinedForkCapture(impl.BreakableCUDAGraphCapture):
@@ -178,6 +206,7 @@ class UnorderedExitCapture(impl.BreakableCUDAGraphCapture):
 MUTANTS: Final[dict[str, type[impl.BreakableCUDAGraphCapture]]] = {
     "weak_inputs": WeakInputsCapture,
     "weak_result": WeakResultCapture,
+    "scratch_mark_per_pool": ScratchMarkPerPoolCapture,
     "unjoined_fork": UnjoinedForkCapture,
     "unordered_entry": UnorderedEntryCapture,
     "unordered_exit": UnorderedExitCapture,
@@ -259,8 +288,6 @@ class SwaLocNotInstalledRunner(impl.CudaGraphRunner):
     translation per SWA layer (``RUN-1``): correct data, the slow path."""
 
     def _static_swa_loc(self) -> Any:
-        import contextlib
-
         return contextlib.nullcontext()
 
 

@@ -325,7 +325,7 @@ def test_result_that_is_the_destination_and_none_results(device, breakable_api) 
 
 
 @pytest.mark.clause("BCG-7")
-def test_break_inputs_and_results_are_held_strongly(device, breakable_api) -> None:
+def test_break_inputs_and_results_outlive_the_callers_references(device, breakable_api) -> None:
     x = torch.zeros(4, device=device.device)
     meta = torch.full((4,), 3.0, device=device.device)
 
@@ -337,19 +337,45 @@ def test_break_inputs_and_results_are_held_strongly(device, breakable_api) -> No
     with breakable_api.BreakableCUDAGraphCapture(graph):
         y = scale(x + 1, meta)
         out = y + 1
-    refs = {"input": weakref.ref(meta), "result": weakref.ref(y)}
     del meta, y
     gc.collect()
-    dead = [name for name, ref in refs.items() if ref() is None]
-    assert not dead, f"the graph let go of its break {dead}"
-    host = _arange(4, 1.0)
+    for start in (1.0, 7.0):
+        host = _arange(4, start)
+        x.copy_(host)
+        graph.replay()
+        assert _host(out) == _host((host + 1) * 3 + 1)
+
+
+@pytest.mark.strict
+@pytest.mark.clause("BCG-7")
+def test_graph_owns_its_break_inputs_but_not_its_scratch(device, breakable_api) -> None:
+    if not hasattr(device, "capture_scratch"):
+        pytest.skip(f"{device!r} tracks no graph scratch (no capture_scratch())")
+    x = torch.zeros(4, device=device.device)
+    meta = torch.full((4,), 3.0, device=device.device)
+
+    @breakable_api.eager_on_graph()
+    def scale(h: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return h * m
+
+    graph = breakable_api.BreakableCUDAGraph(device)
+    with breakable_api.BreakableCUDAGraphCapture(graph):
+        h = x + 1  # a segment's output: scratch
+        y = scale(h, meta)  # allocated in the pool by the capture-time call: scratch
+        out = y + 1
+    refs = {"input made outside": weakref.ref(meta), "segment output": weakref.ref(h),
+            "break result": weakref.ref(y)}
+    del meta, h, y
+    gc.collect()
+    owned = {name for name, ref in refs.items() if ref() is not None}
+    assert owned == {"input made outside"}, f"the graph owns {sorted(owned)}"
+    host = _arange(4, 2.0)
     x.copy_(host)
     graph.replay()
     assert _host(out) == _host((host + 1) * 3 + 1)
     graph.reset()
     gc.collect()
-    alive = [name for name, ref in refs.items() if ref() is not None]
-    assert not alive, f"reset() kept {alive} alive"
+    assert refs["input made outside"]() is None, "reset() kept the break input alive"
 
 
 @pytest.mark.clause("BCG-8")

@@ -23,6 +23,7 @@ from conformance._scenarios import (
     break_inputs_across_sizes,
     fork_across_break,
     result_needed_after_later_break,
+    scratch_across_captures,
 )
 from spec import GraphError
 
@@ -59,6 +60,12 @@ def test_break_inputs_survive_a_second_size_in_the_pool(backend, variant: str) -
 @pytest.mark.parametrize("variant", ["reference", "weak_result"])
 def test_eager_result_survives_a_later_break(backend, variant: str) -> None:
     _check(_run(backend, result_needed_after_later_break, variant), variant)
+
+
+@pytest.mark.clause("BCG-7", "BCG-12")
+@pytest.mark.parametrize("variant", ["reference", "scratch_mark_per_pool"])
+def test_only_the_graphs_own_scratch_is_left_to_the_pool(backend, variant: str) -> None:
+    _check(_run(backend, scratch_across_captures, variant), variant)
 
 
 @pytest.mark.clause("BCG-9")

@@ -13,12 +13,14 @@ from ._device import FakeDevice, FakeDeviceInfo, WeakTensorRef
 from ._graph import FakeCUDAGraph
 from ._mode import Recorder
 from ._ops import OpInfo, OpKind, classify_op, register_op_handler
+from ._scratch import FakeCaptureScratch
 from ._streams import FakeEvent, FakeStream
 
 _spec.register_device("fake", FakeDevice)
 
 __all__ = [
     "FakeCUDAGraph",
+    "FakeCaptureScratch",
     "FakeDevice",
     "FakeDeviceInfo",
     "FakeEvent",

@@ -29,6 +29,7 @@ from ._allocator import Block, FakePool, external_label
 from ._compat import no_python_dispatch, remove_dispatch_mode
 from ._graph import FakeCUDAGraph, Program
 from ._mode import StreamOrderMode
+from ._scratch import FakeCaptureScratch
 from ._streams import Capture, FakeEvent, FakeStream, StreamOrder
 
 __all__ = ["FakeDevice", "FakeDeviceInfo", "WeakTensorRef"]
@@ -326,6 +327,16 @@ class FakeDevice:
                 storage, handle.offset, handle.shape, handle.stride
             )
 
+    # -- graph scratch ------------------------------------------------------------------------
+
+    def capture_scratch(self, pool: FakePool) -> FakeCaptureScratch:
+        """Scratch tracking for a breakable capture into ``pool`` (``spec.CaptureScratch``):
+        blocks of ``pool`` handed out from now on are scratch; eager allocations can be routed
+        into the pool; scratch aliases are checked at replay against the blocks' last writers."""
+        if not isinstance(pool, FakePool) or pool.device_id != self.id:
+            raise TypeError(f"pool must be a pool token of {self!r}, got {pool!r}")
+        return FakeCaptureScratch(self, pool)
+
     # -- introspection ------------------------------------------------------------------------
 
     def cache_info(self) -> FakeDeviceInfo:
@@ -351,8 +362,11 @@ class FakeDevice:
     def _memory_of(self, tensor: torch.Tensor) -> Any:
         """What stream order keys ``tensor``'s memory by: its pool block, or its storage."""
         storage = tensor.untyped_storage()
-        block = self._block_of(storage)
-        return storage if block is None else block
+        block = self._blocks.get(storage.data_ptr())
+        # A scratch alias views the pool's own storage of the block: the same memory.
+        if block is not None and (block.tenant_storage() is storage or block.storage is storage):
+            return block
+        return storage
 
     def _check_stream(self, stream: Any, param: str) -> None:
         if not isinstance(stream, FakeStream) or stream._device is not self:

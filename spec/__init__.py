@@ -39,6 +39,7 @@ from .errors import (
 )
 from .protocol import (
     CaptureErrorMode,
+    CaptureScratch,
     DeviceModule,
     EventLike,
     GraphLike,
@@ -54,6 +55,7 @@ __all__ = [
     "CaptureError",
     "CaptureErrorMode",
     "CaptureInvalidated",
+    "CaptureScratch",
     "Clause",
     "DefaultStreamCapture",
     "DeviceModule",

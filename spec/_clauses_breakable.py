@@ -24,9 +24,13 @@ define(
             and copies the result in place into the capture-time result: tensors directly,
             tuples and lists element-wise, dicts and objects field-wise; a result that is the
             capture-time object is not copied; a None result is allowed."""),
-        ("BCG-7", """Break inputs and capture-time results are held strongly by the graph: replay
-            stays correct after the caller dropped every reference to them, also after another
-            size was captured into the same pool and replayed on the capture stream."""),
+        ("BCG-7", """Replay stays correct after the caller dropped every reference to the break
+            inputs and capture-time results, also after another size was captured into the same
+            pool and replayed on the capture stream.""", """The graph owns every break input and
+            result until reset(), except scratch: memory its own capture allocated in its pool
+            (segment outputs, and break results, which the capture-time call allocates there
+            where the device tracks scratch), held without keeping it allocated, so later
+            captures into the pool re-use it."""),
         ("BCG-8", """A decorated call made inside another break's eager body runs inline and
             records no break of its own."""),
         ("BCG-9", """Streams forked from the capture stream are joined back automatically before

@@ -23,7 +23,7 @@ Semantics every implementation keeps:
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
@@ -31,6 +31,7 @@ import torch
 
 __all__ = [
     "CaptureErrorMode",
+    "CaptureScratch",
     "DeviceModule",
     "EventLike",
     "GraphLike",
@@ -168,6 +169,43 @@ class GraphLike(Protocol):
     def pool(self) -> PoolHandle:
         """The pool token of a ``READY`` graph, for later captures that should share its memory;
         :class:`PoolNotReady` in any other state (``LIFE-4``)."""
+
+
+@runtime_checkable
+class CaptureScratch(Protocol):
+    """Scratch tracking for one breakable capture: what a device module's *optional*
+    ``capture_scratch(pool)`` returns (``impl.CudaDevice`` and the fake have it; a device
+    without it gets strong holds of every break input and result).
+
+    *Scratch* is memory allocated in ``pool`` after the tracker was made, by the capture itself:
+    a segment's output, or a break's capture-time result allocated inside :meth:`allocating`.
+    The graph rewrites scratch earlier in every replay than a break reads it, so a breakable
+    graph holds scratch without owning it, and later captures into the pool re-use it
+    (``BCG-7``).
+    """
+
+    def allocating(self) -> AbstractContextManager[None]:
+        """Route the current thread's allocations in the body (a break's eager call at
+        capture, outside any segment) into the pool."""
+
+    def aliases(self, values: Sequence[Any]) -> list[torch.Tensor | None]:
+        """For each value, a tensor with its memory, geometry and dtype that keeps nothing
+        alive when the value is a scratch tensor (its memory is that allocation still);
+        ``None`` for anything else."""
+
+    def read_check(
+        self, reads: Sequence[torch.Tensor], label: str
+    ) -> Callable[[], None] | None:
+        """What to call at replay before break ``label`` reads the aliases ``reads``, or
+        ``None`` (CUDA: nothing can be checked). The fake raises :class:`PoolClobber` there
+        when another owner wrote the memory after the write the capture saw."""
+
+    def write_mark(
+        self, writes: Sequence[torch.Tensor], label: str
+    ) -> Callable[[], None] | None:
+        """What to call at replay after break ``label`` ran, or ``None``: ``writes`` are the
+        aliases it may have written (its result, and scratch arguments it may write in place);
+        the fake records them as written by the break for the next segment's checks."""
 
 
 @runtime_checkable

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
 
 from spec import (
     CaptureError,
     CaptureErrorMode,
+    CaptureScratch,
     DeviceModule,
     GraphNotEmpty,
     GraphState,
@@ -27,6 +28,7 @@ from spec import (
 from ._breakable_graph import BreakableCUDAGraph
 from ._breakable_state import ACTIVE_CAPTURE, ENABLED, IN_BREAK_BODY, REPLAY
 from ._graph_break import GraphBreak
+from ._scratch_holds import hold_break
 from ._stream_tracking import ForkTracker, track_forks
 
 __all__ = ["BreakableCUDAGraphCapture", "default_capture_stream"]
@@ -76,12 +78,14 @@ class BreakableCUDAGraphCapture:
     are non-blocking: nothing else orders the two (``ORD-2``; ``torch.cuda.graph`` happens to
     synchronize the device at each segment's start, which the device protocol does not promise).
 
-    **Memory.** Segments allocate from ``pool``; a break's capture-time result is an ordinary
-    (eager) allocation on the capture stream, outside the pool, kept alive by the graph. Graphs
-    for several batch sizes share one pool and one capture stream (the caching allocator keeps
-    free blocks per stream): pass the same ``pool=`` (and ``stream=``, or rely on the shared
-    default), and capture the largest size first, so smaller sizes re-use its blocks
-    (``BCG-12``).
+    **Memory.** Segments allocate from ``pool``, and so does a break's capture-time call where
+    the device tracks scratch (``capture_scratch``: CUDA and the fake do): its result is then
+    scratch like a segment's output. The graph holds scratch break inputs and results without
+    owning them and owns everything else it recorded (``BCG-7``), so once the caller drops the
+    capture-time tensors their blocks serve the next capture into the pool. Graphs for several
+    batch sizes share one pool and one capture stream (the caching allocator keeps free blocks
+    per stream): pass the same ``pool=`` (and ``stream=``, or rely on the shared default), and
+    capture the largest size first, so smaller sizes re-use its blocks (``BCG-12``).
 
     While the body runs: :func:`~impl.is_in_breakable_cuda_graph` is true, ``eager_on_graph``
     calls split the capture, and ``device.Stream.wait_stream`` is wrapped to track forks. The
@@ -128,6 +132,7 @@ class BreakableCUDAGraphCapture:
         self._exit_stack: ExitStack | None = None
         self._open_segment: AbstractContextManager[Any] | None = None
         self._tracker: ForkTracker | None = None
+        self._scratch: CaptureScratch | None = None
 
     # -- context manager ------------------------------------------------------------------------
 
@@ -156,6 +161,7 @@ class BreakableCUDAGraphCapture:
             stack.enter_context(_set(ACTIVE_CAPTURE, self))
             stack.enter_context(_set(ENABLED, True))
             graph._begin_capture(pool)
+            self._scratch = self._track_scratch(pool)
             stack.callback(self._abort_if_open)
             self._begin_segment()
             self._exit_stack = stack.pop_all()
@@ -226,13 +232,25 @@ class BreakableCUDAGraphCapture:
         if self._tracker is not None:
             self._tracker.join_all()
 
+    def _track_scratch(self, pool: PoolHandle) -> CaptureScratch | None:
+        """The device's scratch tracking for this capture, made before the first segment, or
+        ``None`` where the device has none (everything is then held strongly)."""
+        make = getattr(self.device, "capture_scratch", None)
+        return None if make is None else make(pool)
+
+    def _break_allocations(self) -> AbstractContextManager[Any]:
+        """Where a break's capture-time call allocates: in the capture's pool, so its result is
+        scratch (``BCG-7``). ``conformance.mutants`` overrides this to reproduce the field bug
+        of an eager result outside the pool held weakly."""
+        return nullcontext() if self._scratch is None else self._scratch.allocating()
+
     def _make_break(
         self, fn: Callable[..., Any] | None, args: tuple[Any, ...], kwargs: dict[str, Any],
         result: Any,
     ) -> GraphBreak:
-        """Record one break. The reference holds everything strongly (``BCG-7``);
+        """Record one break: scratch held through aliases, everything else owned (``BCG-7``);
         ``conformance.mutants`` overrides this to reproduce the weak-reference field bugs."""
-        return GraphBreak(fn, args, kwargs, result)
+        return hold_break(self._scratch, fn, args, kwargs, result)
 
     def run_break(
         self,
@@ -260,7 +278,10 @@ class BreakableCUDAGraphCapture:
         result = None
         if fn is not None:
             body = capture_stub if capture_stub is not None else fn
-            with _set(IN_BREAK_BODY, True), _set(REPLAY, (self.device, 0)):
+            with (
+                _set(IN_BREAK_BODY, True), _set(REPLAY, (self.device, 0)),
+                self._break_allocations(),
+            ):
                 result = body(*args, **kwargs)
         self.graph._breaks.append(self._make_break(fn, args, kwargs, result))
         self._begin_segment()

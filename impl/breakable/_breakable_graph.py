@@ -68,8 +68,12 @@ class BreakableCUDAGraph:
     **Memory.** Every segment allocates from one pool, :meth:`pool`: the ``pool=`` given to the
     capture, or a fresh one. Several breakable graphs (one per batch size) share a pool by
     passing the same token; capture them largest size first, so smaller captures re-use blocks
-    the larger one freed (``BCG-12``). Break inputs and capture-time results are held strongly
-    by the graph (``BCG-7``) and stay allocated until :meth:`reset` or the graph is dropped.
+    the larger one freed (``BCG-12``). Break inputs and capture-time results are owned by the
+    graph until :meth:`reset` or the graph is dropped, except its *scratch* (``BCG-7``): memory
+    its own capture allocated in the pool (segment outputs, and break results where the device
+    tracks scratch), which replay rewrites before reading. The graph holds scratch through
+    aliases that keep nothing allocated, so once the caller drops the capture-time tensors the
+    next capture into the pool re-uses their blocks.
 
     **Lifecycle** (``LIFE-1``): :attr:`state` is a :class:`spec.GraphState`, as for a device
     graph: ``EMPTY`` until :class:`~impl.BreakableCUDAGraphCapture` begins, ``CAPTURING`` for its

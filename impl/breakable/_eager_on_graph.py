@@ -47,9 +47,13 @@ def eager_on_graph(
     is fine.
 
     .. warning::
-        Arguments and the capture-time result are held strongly by the graph until it is reset
-        (``BCG-7``). Do not replace an argument tensor between replays: write new values into
-        it (``x.copy_(new)``), because the break calls the function with the captured objects.
+        Arguments and the capture-time result are owned by the graph until it is reset, except
+        the graph's scratch (``BCG-7``): a tensor its own capture allocated in its pool (a
+        segment's output, or the capture-time result, which is allocated there where the device
+        tracks scratch) is held through an alias, a tensor object with the same memory,
+        geometry and dtype that keeps nothing allocated, and replay passes the alias. Do not
+        replace an argument tensor between replays: write new values into it
+        (``x.copy_(new)``), because the break calls the function with the captured objects.
 
     .. note::
         A decorated call made inside another break's eager body runs inline, as part of that

@@ -1,11 +1,10 @@
 """One break of a breakable graph: the eager call it repeats, and how its result is copied back.
 
-A break recorded during capture holds the function, the *same* argument objects it was called
-with, and the capture-time result (the *destination*): later segments were captured reading the
+A break recorded during capture holds the function, the argument objects it was called with,
+and the capture-time result (the *destination*): later segments were captured reading the
 destination's memory, so each replay calls the function again and copies the fresh result into
-the destination, in place. All of them are held strongly (``BCG-7``): a graph holds addresses,
-and a break input or destination freed behind its back is memory the allocator hands to someone
-else (the weak-reference field bugs that ``conformance.mutants`` reproduces).
+the destination, in place. How they are held (owned, or the graph's own scratch through
+non-owning aliases, ``BCG-7``) is decided by :func:`~impl.breakable._scratch_holds.hold_break`.
 """
 
 from __future__ import annotations
@@ -129,13 +128,14 @@ class GraphBreak:
     """An eager call recorded inside a breakable capture (see ``eager_on_graph``).
 
     ``fn`` is called again at every replay with ``args`` / ``kwargs`` (the capture-time argument
-    objects, held strongly), and its result is copied into ``result`` (the capture-time result,
-    also held strongly) with :func:`copy_into` semantics. ``fn`` is ``None`` for an empty break
+    objects, scratch tensors among them replaced by aliases of the same memory), and its result
+    is copied into ``result`` (the capture-time result, or its alias) with :func:`copy_into`
+    semantics. ``fn`` is ``None`` for an empty break
     (``break_graph()``). A break whose ``result`` holds no tensor (``None``: the function writes
     into an argument) only calls the function.
     """
 
-    __slots__ = ("args", "fn", "kwargs", "result")
+    __slots__ = ("_after", "_before", "args", "fn", "kwargs", "result")
 
     def __init__(
         self,
@@ -148,6 +148,15 @@ class GraphBreak:
         self.args = tuple(args)
         self.kwargs = dict(kwargs or {})
         self.result = result
+        self._before: Callable[[], None] | None = None
+        self._after: Callable[[], None] | None = None
+
+    def set_replay_hooks(
+        self, before: Callable[[], None] | None, after: Callable[[], None] | None
+    ) -> None:
+        """Calls replay makes around this break: ``before`` ahead of the function, ``after``
+        once the result was copied (a device's scratch checks, ``spec.CaptureScratch``)."""
+        self._before, self._after = before, after
 
     @property
     def name(self) -> str:
@@ -161,7 +170,23 @@ class GraphBreak:
 
     def replay_callable(self) -> Callable[[], None] | None:
         """The zero-argument callable that replay runs for this break (``None``: nothing to
-        run). Specialised once: a tensor result is copied by a closure without dispatch."""
+        run). Specialised once: a tensor result is copied by a closure without dispatch, and
+        replay hooks cost nothing where there are none."""
+        call = self._call()
+        before, after = self._before, self._after
+        if call is None or (before is None and after is None):
+            return call
+
+        def hooked() -> None:
+            if before is not None:
+                before()
+            call()
+            if after is not None:
+                after()
+
+        return hooked
+
+    def _call(self) -> Callable[[], None] | None:
         fn, args, kwargs, dest = self.fn, self.args, self.kwargs, self.result
         if fn is None:
             return None

@@ -1,7 +1,7 @@
 """The device protocol on real CUDA: ``torch.cuda`` plus ``cuda.bindings`` for what torch hides.
 
 :class:`CudaDevice` is what ``impl`` runs on when a GPU is present (``spec.get_device("cuda")``).
-It is ``torch.cuda`` with four additions, each one a place where plain ``torch.cuda`` either
+It is ``torch.cuda`` with these additions, each one a place where plain ``torch.cuda`` either
 answers too little or fails in a way that leaves the process unusable:
 
 - **Capture status per stream** comes from the driver (``cudaStreamGetCaptureInfo`` through
@@ -18,6 +18,9 @@ answers too little or fails in a way that leaves the process unusable:
   bookkeeping is run on an empty stand-in capture, so the caching and the pinned host
   allocators stop routing to the pool and the pool reference is dropped: the process keeps
   allocating normally, and a shared pool serves the next capture.
+- **Graph scratch** (``capture_scratch``, :mod:`impl.cuda._scratch`): which memory a
+  breakable capture allocated in its own pool, from the caching allocator's pool snapshot, so
+  the graph can hold it without keeping it allocated (``BCG-7``).
 - **No graph dies during a capture** (``CUDA-4``). Destroying a CUDA graph while a global-mode
   capture is active invalidates that capture: CUDA reports it at the next launch
   (``cudaErrorStreamCaptureInvalidated``, often as ``CUBLAS_STATUS_EXECUTION_FAILED`` in a
@@ -67,6 +70,8 @@ from spec import (
     check_capture_error_mode,
     register_device,
 )
+
+from ._scratch import CudaCaptureScratch
 
 __all__ = ["CudaDevice"]
 
@@ -723,6 +728,16 @@ class CudaDevice:
         storage = make_storage(handle.data_ptr, handle.device, handle.nbytes)
         out = torch.empty(0, dtype=handle.dtype, device=handle.device)
         return out.set_(storage, handle.storage_offset, handle.shape, handle.stride)
+
+    # -- graph scratch ------------------------------------------------------------------------
+
+    def capture_scratch(self, pool: PoolHandle) -> CudaCaptureScratch:
+        """Scratch tracking for a breakable capture into ``pool`` (``spec.CaptureScratch``):
+        blocks the caching allocator hands out in ``pool`` from now on are scratch; see
+        :class:`~impl.cuda._scratch.CudaCaptureScratch`."""
+        if not (isinstance(pool, tuple) and len(pool) == 2):
+            raise TypeError(f"pool must be a graph_pool_handle() token, got {pool!r}")
+        return CudaCaptureScratch(self.device.index or 0, pool)
 
     # -- introspection ------------------------------------------------------------------------
 

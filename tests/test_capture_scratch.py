@@ -1,0 +1,110 @@
+"""Graph scratch tracking (``capture_scratch(pool)``, ``spec.CaptureScratch``) on both devices:
+which memory counts as a capture's own scratch, that its aliases keep nothing allocated, and
+that a break's eager call can allocate into the pool. Breakable graphs build on it (``BCG-7``,
+``conformance/test_breakable.py`` and ``test_regressions.py``); this checks the devices' answers
+directly. The CUDA cases run in ``nox -s gpu``."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import pytest
+import torch
+
+import fakes
+import spec
+
+N = 4096  # floats: 16 KiB, a block of its own on both allocators
+
+
+@pytest.fixture(scope="module", params=["fake", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request: pytest.FixtureRequest) -> Any:
+    if request.param == "fake":
+        return fakes.FakeDevice()
+    import impl
+
+    return impl.CudaDevice()
+
+
+def _allocated(device: Any, pool: Any) -> int:
+    """Bytes of ``pool`` allocated to live tensors."""
+    if isinstance(device, fakes.FakeDevice):
+        return sum(b.size for b in pool.blocks() if b.tenant_storage() is not None)
+    device.synchronize()
+    segments = torch.cuda.memory_snapshot()
+    return sum(b["size"] for s in segments if tuple(s["segment_pool_id"]) == tuple(pool)
+               for b in s["blocks"] if b["state"] == "active_allocated")
+
+
+def _capture(device: Any, pool: Any, fn: Any) -> tuple[Any, Any]:
+    graph = device.CUDAGraph()
+    with device.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
+
+
+def test_scratch_is_memory_allocated_in_the_pool_after_the_tracker_was_made(device) -> None:
+    pool = device.graph_pool_handle()
+    x = torch.ones(N, device=device.device)
+    graph_early, early = _capture(device, pool, lambda: x + 1)
+    scratch = device.capture_scratch(pool)
+    assert isinstance(scratch, spec.CaptureScratch)
+    graph_late, late = _capture(device, pool, lambda: x + 2)
+    outside = torch.ones(N, device=device.device)
+    view = late[N // 2:].view(2, -1)
+    aliases = scratch.aliases([early, late, outside, 3, view])
+    assert [a is None for a in aliases] == [True, False, True, True, False], (
+        "scratch: only tensors on pool memory allocated after capture_scratch()"
+    )
+    for alias, tensor in ((aliases[1], late), (aliases[4], view)):
+        assert alias.data_ptr() == tensor.data_ptr()
+        assert (alias.shape, alias.stride(), alias.dtype) == (
+            tensor.shape, tensor.stride(), tensor.dtype
+        )
+    graph_late.replay()
+    assert aliases[1].cpu().tolist() == [3.0] * N, "the alias reads the tensor's memory"
+    held = _allocated(device, pool)
+    del late, view, tensor
+    gc.collect()
+    assert held - _allocated(device, pool) >= N * 4, "an alias kept its block allocated"
+    del graph_early, graph_late
+
+
+def test_allocating_puts_eager_results_in_the_pool(device) -> None:
+    pool = device.graph_pool_handle()
+    scratch = device.capture_scratch(pool)
+    x = torch.full((N,), 2.0, device=device.device)
+    with device.stream(device.capture_stream()):
+        with scratch.allocating():
+            inside = x * 3
+            in_place = inside.mul_(2)
+        after = x * 3
+    aliases = scratch.aliases([inside, in_place, after])
+    assert aliases[0] is not None, "an eager result made in allocating() is not scratch"
+    assert aliases[2] is None, "an eager result made after allocating() is scratch"
+    assert aliases[1].data_ptr() == inside.data_ptr()
+    assert inside.cpu().tolist() == [12.0] * N, "allocating() changed a result's value"
+
+
+def test_replay_hooks_of_the_fake_follow_the_last_writer() -> None:
+    device = fakes.FakeDevice()
+    pool = device.graph_pool_handle()
+    scratch = device.capture_scratch(pool)
+    x = torch.ones(N, device=device.device)
+    graph_a, h = _capture(device, pool, lambda: x + 1)
+    (alias,) = scratch.aliases([h])
+    check = scratch.read_check([alias], "reader")
+    mark = scratch.write_mark([alias], "reader")
+    assert check is not None and mark is not None
+    del h
+    gc.collect()
+    graph_b, other = _capture(device, pool, lambda: x * 5)  # takes the freed block
+    assert other.data_ptr() == alias.data_ptr()
+    graph_a.replay()
+    mark()  # the break wrote the block
+    graph_b.replay()
+    with pytest.raises(spec.PoolClobber):
+        check()  # graph B wrote the block after the write the reader expects
+    graph_a.replay()
+    check()
