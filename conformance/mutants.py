@@ -159,8 +159,8 @@ class WeakResultCapture(impl.BreakableCUDAGraphCapture):
     """Mutant: the capture-time result, an eager allocation outside the pool, held as a weak
     reference (``BCG-7``)."""
 
-    def _break_allocations(self) -> Any:
-        return contextlib.nullcontext()
+    def _break_results(self) -> Any:
+        return contextlib.nullcontext(lambda result: result)
 
     def _make_break(self, fn: Any, args: Any, kwargs: Any, result: Any) -> Any:
         return _WeakResultBreak(self.device, fn, args, kwargs, result)

@@ -378,6 +378,48 @@ def test_graph_owns_its_break_inputs_but_not_its_scratch(device, breakable_api) 
     assert refs["input made outside"]() is None, "reset() kept the break input alive"
 
 
+@pytest.mark.clause("BCG-7", "BCG-12")
+def test_what_a_break_keeps_survives_the_replays_of_other_graphs(device, breakable_api) -> None:
+    """A break that builds a table at its first call (the capture-time call) and reads it at
+    every replay, in a graph captured into a pool after another graph whose scratch was freed:
+    the table is the break's, not the pool's, and the other graph's replays leave it alone."""
+    api = breakable_api
+    pool = device.graph_pool_handle()
+    n = 256
+    tables: dict[str, torch.Tensor] = {}
+
+    @api.eager_on_graph()
+    def double(h: torch.Tensor) -> torch.Tensor:
+        return h * 2
+
+    @api.eager_on_graph()
+    def plus_table(h: torch.Tensor) -> torch.Tensor:
+        if "table" not in tables:
+            tables["table"] = torch.full_like(h, 100.0)
+        return h + tables["table"]
+
+    xa = torch.zeros(n, device=device.device)
+    xb = torch.zeros(n, device=device.device)
+    graph_a = api.BreakableCUDAGraph(device)
+    with api.BreakableCUDAGraphCapture(graph_a, pool=pool):
+        h1 = xa * 2
+        h2 = h1 * 3
+        out_a = double(h2) + h1 + h2
+    del h1, h2
+    gc.collect()
+    graph_b = api.BreakableCUDAGraph(device)
+    with api.BreakableCUDAGraphCapture(graph_b, pool=pool):
+        out_b = plus_table(xb + 1) * 1
+    for start in (1.0, 5.0):
+        host = _arange(n, start)
+        xa.copy_(host)
+        xb.copy_(host)
+        graph_a.replay()
+        assert _host(out_a) == _host(host * 6 * 2 + host * 2 + host * 6)
+        graph_b.replay()
+        assert _host(out_b) == _host(host + 1 + 100), "graph A's replay wrote the break's table"
+
+
 @pytest.mark.clause("BCG-8")
 def test_decorated_call_inside_a_break_body_runs_inline(device, breakable_api) -> None:
     calls: list[str] = []

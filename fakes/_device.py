@@ -331,8 +331,9 @@ class FakeDevice:
 
     def capture_scratch(self, pool: FakePool) -> FakeCaptureScratch:
         """Scratch tracking for a breakable capture into ``pool`` (``spec.CaptureScratch``):
-        blocks of ``pool`` handed out from now on are scratch; eager allocations can be routed
-        into the pool; scratch aliases are checked at replay against the blocks' last writers."""
+        blocks of ``pool`` handed out from now on are scratch; a break's fresh results are
+        copied into the pool; scratch aliases are checked at replay against the blocks' last
+        writers."""
         if not isinstance(pool, FakePool) or pool.device_id != self.id:
             raise TypeError(f"pool must be a pool token of {self!r}, got {pool!r}")
         return FakeCaptureScratch(self, pool)

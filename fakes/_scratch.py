@@ -6,8 +6,10 @@ capture-time result). The graph rewrites such memory earlier in every replay tha
 reads it, so it may hold it without owning it, and later captures into the pool may re-use it
 (``BCG-7``). This module is the fake's answer, with the checks CUDA cannot make:
 
-- :meth:`FakeCaptureScratch.allocating` moves every fresh output of the eager ops a break body
-  runs at capture into new blocks of the pool, as CUDA's allocate-to-pool does;
+- :meth:`FakeCaptureScratch.adopting` watches a break's eager call at capture (a dispatch mode
+  noting the storages its ops allocate) and copies the result tensors on such fresh memory
+  into new blocks of the pool, which stand in for them; what the call allocated and kept
+  (a lazily built cache) stays where it is;
 - :meth:`FakeCaptureScratch.aliases` says which tensors are scratch (their block belongs to the
   pool and was handed out after the tracker was made, and is still that allocation) and
   returns non-owning aliases of them: views of the pool's own storage of the block, which keep
@@ -54,14 +56,40 @@ class FakeCaptureScratch:
         self._writes = itertools.count()
 
     @contextmanager
-    def allocating(self) -> Iterator[None]:
-        """Route the fresh outputs of the eager ops run in the body into the pool."""
+    def adopting(self) -> Iterator[Callable[[Sequence[Any]], list[torch.Tensor | None]]]:
+        """Around a break's eager call at capture: yields ``adopt``, which maps each value that
+        is a tensor on memory the call allocated to a copy of it in a new block of the pool
+        (same geometry and values), and anything else to ``None``."""
+        watch = _FreshStorages()
+        with watch:
+            yield lambda values: self._adopt(values, watch.fresh)
+
+    def _adopt(self, values: Sequence[Any], fresh: set[int]) -> list[torch.Tensor | None]:
         pool = self._pool_ref()
         if pool is None:
-            raise RuntimeError("allocating() into a pool that no longer exists")
-        mode = _PoolAllocatingMode(self._device, pool)
-        with mode:
-            yield
+            raise RuntimeError("adopting into a pool that no longer exists")
+        copies: dict[int, torch.UntypedStorage] = {}
+        out: list[torch.Tensor | None] = []
+        for value in values:
+            storage = value.untyped_storage() if isinstance(value, torch.Tensor) else None
+            if storage is None or storage.nbytes() == 0 or storage.data_ptr() not in fresh:
+                out.append(None)
+                continue
+            tenant = copies.get(storage.data_ptr())
+            if tenant is None:
+                block, tenant = pool.allocate(storage.nbytes(), value.dtype)
+                self._device._register_block(block)
+                with no_python_dispatch():
+                    dest = torch.empty(0, dtype=torch.uint8).set_(tenant, 0, (storage.nbytes(),))
+                    src = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),))
+                # Through the modes: stream order sees the block written on the capture stream.
+                dest.copy_(src)
+                copies[storage.data_ptr()] = tenant
+            with no_python_dispatch():
+                out.append(torch.empty(0, dtype=value.dtype).set_(
+                    tenant, value.storage_offset(), value.shape, value.stride()
+                ))
+        return out
 
     def aliases(self, values: Sequence[Any]) -> list[torch.Tensor | None]:
         """For each value, a non-owning alias if it is a scratch tensor, else ``None``."""
@@ -134,19 +162,17 @@ class FakeCaptureScratch:
         return mark
 
 
-class _PoolAllocatingMode(TorchDispatchMode):
-    """Runs every op as usual, then moves each output on fresh memory (a storage that is none
-    of the inputs') into a new block of ``pool``: the eager allocations of a break body land in
-    the capture's pool, as on CUDA."""
+class _FreshStorages(TorchDispatchMode):
+    """Runs every op as usual and notes the data pointers of its outputs' storages that are none
+    of its inputs' storages: the memory the watched code allocated."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         return False
 
-    def __init__(self, device: FakeDevice, pool: FakePool) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self._device = device
-        self._pool = pool
+        self.fresh: set[int] = set()
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
@@ -156,41 +182,12 @@ class _PoolAllocatingMode(TorchDispatchMode):
             t.untyped_storage().data_ptr()
             for t in _tensors((args, tuple((kwargs or {}).values())))
         }
-        moved: dict[int, torch.UntypedStorage] = {}
-
-        def place(value: Any) -> Any:
-            if isinstance(value, torch.Tensor):
-                if value.device.type != "cpu" or value.is_sparse:
-                    return value
-                storage = value.untyped_storage()
-                ptr = storage.data_ptr()
-                if ptr in inputs or storage.nbytes() == 0:
-                    return value
-                if self._device._block_of(storage) is not None:
-                    return value
-                tenant = moved.get(ptr)
-                if tenant is None:
-                    block, tenant = self._pool.allocate(storage.nbytes(), value.dtype)
-                    self._device._register_block(block)
-                    with no_python_dispatch():
-                        dest = torch.empty(0, dtype=torch.uint8).set_(
-                            tenant, 0, (storage.nbytes(),)
-                        )
-                        src = torch.empty(0, dtype=torch.uint8).set_(
-                            storage, 0, (storage.nbytes(),)
-                        )
-                    # Through the modes below: stream order sees the block written here.
-                    dest.copy_(src)
-                    moved[ptr] = tenant
-                with no_python_dispatch():
-                    return torch.empty(0, dtype=value.dtype).set_(
-                        tenant, value.storage_offset(), value.shape, value.stride()
-                    )
-            if type(value) in (tuple, list):
-                return type(value)(place(v) for v in value)
-            return value
-
-        return place(out)
+        for t in _tensors(out):
+            if t.device.type == "cpu" and not t.is_sparse:
+                ptr = t.untyped_storage().data_ptr()
+                if ptr not in inputs:
+                    self.fresh.add(ptr)
+        return out
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:

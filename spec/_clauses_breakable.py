@@ -28,9 +28,10 @@ define(
             inputs and capture-time results, also after another size was captured into the same
             pool and replayed on the capture stream.""", """The graph owns every break input and
             result until reset(), except scratch: memory its own capture allocated in its pool
-            (segment outputs, and break results, which the capture-time call allocates there
-            where the device tracks scratch), held without keeping it allocated, so later
-            captures into the pool re-use it."""),
+            (segment outputs, and the pool copies of the results the capture-time call
+            allocated, where the device tracks scratch), held without keeping it allocated, so
+            later captures into the pool re-use it; what a break's call allocates and keeps stays
+            outside the pool."""),
         ("BCG-8", """A decorated call made inside another break's eager body runs inline and
             records no break of its own."""),
         ("BCG-9", """Streams forked from the capture stream are joined back automatically before

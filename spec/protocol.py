@@ -178,15 +178,19 @@ class CaptureScratch(Protocol):
     without it gets strong holds of every break input and result).
 
     *Scratch* is memory allocated in ``pool`` after the tracker was made, by the capture itself:
-    a segment's output, or a break's capture-time result allocated inside :meth:`allocating`.
+    a segment's output, or the pool copy of a break's capture-time result (:meth:`adopting`).
     The graph rewrites scratch earlier in every replay than a break reads it, so a breakable
     graph holds scratch without owning it, and later captures into the pool re-use it
     (``BCG-7``).
     """
 
-    def allocating(self) -> AbstractContextManager[None]:
-        """Route the current thread's allocations in the body (a break's eager call at
-        capture, outside any segment) into the pool."""
+    def adopting(
+        self,
+    ) -> AbstractContextManager[Callable[[Sequence[Any]], list[torch.Tensor | None]]]:
+        """Context manager around a break's eager call at capture (outside any segment; the
+        call allocates as usual). It yields ``adopt``: called on the call's result tensors, it
+        returns for each tensor on memory the call allocated a copy in the pool (same
+        geometry and values) to stand in for it, and ``None`` for anything else."""
 
     def aliases(self, values: Sequence[Any]) -> list[torch.Tensor | None]:
         """For each value, a tensor with its memory, geometry and dtype that keeps nothing

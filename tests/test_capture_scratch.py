@@ -1,8 +1,8 @@
 """Graph scratch tracking (``capture_scratch(pool)``, ``spec.CaptureScratch``) on both devices:
 which memory counts as a capture's own scratch, that its aliases keep nothing allocated, and
-that a break's eager call can allocate into the pool. Breakable graphs build on it (``BCG-7``,
-``conformance/test_breakable.py`` and ``test_regressions.py``); this checks the devices' answers
-directly. The CUDA cases run in ``nox -s gpu``."""
+that the results a break's eager call allocated are copied into the pool. Breakable graphs
+build on it (``BCG-7``, ``conformance/test_breakable.py`` and ``test_regressions.py``); this
+checks the devices' answers directly. The CUDA cases run in ``nox -s gpu``."""
 
 from __future__ import annotations
 
@@ -71,20 +71,27 @@ def test_scratch_is_memory_allocated_in_the_pool_after_the_tracker_was_made(devi
     del graph_early, graph_late
 
 
-def test_allocating_puts_eager_results_in_the_pool(device) -> None:
+def test_adopting_copies_what_the_call_allocated_into_the_pool(device) -> None:
     pool = device.graph_pool_handle()
     scratch = device.capture_scratch(pool)
     x = torch.full((N,), 2.0, device=device.device)
+    kept = torch.zeros(N, device=device.device)  # allocated before the call
     with device.stream(device.capture_stream()):
-        with scratch.allocating():
-            inside = x * 3
-            in_place = inside.mul_(2)
-        after = x * 3
-    aliases = scratch.aliases([inside, in_place, after])
-    assert aliases[0] is not None, "an eager result made in allocating() is not scratch"
-    assert aliases[2] is None, "an eager result made after allocating() is scratch"
-    assert aliases[1].data_ptr() == inside.data_ptr()
-    assert inside.cpu().tolist() == [12.0] * N, "allocating() changed a result's value"
+        with scratch.adopting() as adopt:
+            fresh = x * 3
+            fresh.mul_(2)
+            kept.add_(1)
+            copies = adopt([fresh, fresh[1:], kept, x, 5])
+    assert [c is None for c in copies] == [False, False, True, True, True], (
+        "adopted: only tensors on memory the watched call allocated"
+    )
+    first, view = copies[0], copies[1]
+    assert first.data_ptr() != fresh.data_ptr(), "the copy is the call's own memory"
+    assert view.data_ptr() == first.data_ptr() + 4, "a view keeps its place in the copy"
+    assert first.cpu().tolist() == [12.0] * N and view.shape == (N - 1,)
+    aliases = scratch.aliases([first, fresh])
+    assert aliases[0] is not None, "the pool copy of a result is not scratch"
+    assert aliases[1] is None, "the call's own result (outside the pool) is scratch"
 
 
 def test_replay_hooks_of_the_fake_follow_the_last_writer() -> None:

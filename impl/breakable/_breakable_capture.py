@@ -28,7 +28,7 @@ from spec import (
 from ._breakable_graph import BreakableCUDAGraph
 from ._breakable_state import ACTIVE_CAPTURE, ENABLED, IN_BREAK_BODY, REPLAY
 from ._graph_break import GraphBreak
-from ._scratch_holds import hold_break
+from ._scratch_holds import adopting_results, hold_break
 from ._stream_tracking import ForkTracker, track_forks
 
 __all__ = ["BreakableCUDAGraphCapture", "default_capture_stream"]
@@ -78,11 +78,13 @@ class BreakableCUDAGraphCapture:
     are non-blocking: nothing else orders the two (``ORD-2``; ``torch.cuda.graph`` happens to
     synchronize the device at each segment's start, which the device protocol does not promise).
 
-    **Memory.** Segments allocate from ``pool``, and so does a break's capture-time call where
-    the device tracks scratch (``capture_scratch``: CUDA and the fake do): its result is then
-    scratch like a segment's output. The graph holds scratch break inputs and results without
-    owning them and owns everything else it recorded (``BCG-7``), so once the caller drops the
-    capture-time tensors their blocks serve the next capture into the pool. Graphs for several
+    **Memory.** Segments allocate from ``pool``. Where the device tracks scratch
+    (``capture_scratch``: CUDA and the fake do), the result tensors a break's capture-time call
+    allocated are copied into the pool and the copies returned in their place, so they are
+    scratch like a segment's output; what the call allocates and keeps stays outside the pool.
+    The graph holds scratch break inputs and results without owning them and owns everything
+    else it recorded (``BCG-7``), so once the caller drops the capture-time tensors their
+    blocks serve the next capture into the pool. Graphs for several
     batch sizes share one pool and one capture stream (the caching allocator keeps free blocks
     per stream): pass the same ``pool=`` (and ``stream=``, or rely on the shared default), and
     capture the largest size first, so smaller sizes re-use its blocks (``BCG-12``).
@@ -238,11 +240,14 @@ class BreakableCUDAGraphCapture:
         make = getattr(self.device, "capture_scratch", None)
         return None if make is None else make(pool)
 
-    def _break_allocations(self) -> AbstractContextManager[Any]:
-        """Where a break's capture-time call allocates: in the capture's pool, so its result is
-        scratch (``BCG-7``). ``conformance.mutants`` overrides this to reproduce the field bug
-        of an eager result outside the pool held weakly."""
-        return nullcontext() if self._scratch is None else self._scratch.allocating()
+    def _break_results(self) -> AbstractContextManager[Callable[[Any], Any]]:
+        """Around a break's capture-time call: yields the function mapping its result to the
+        capture-time result, where the result tensors the call allocated are moved into the
+        capture's pool, so they are scratch (``BCG-7``). ``conformance.mutants`` overrides this
+        to reproduce the field bug of an eager result outside the pool held weakly."""
+        if self._scratch is None:
+            return nullcontext(_unchanged)
+        return adopting_results(self._scratch)
 
     def _make_break(
         self, fn: Callable[..., Any] | None, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -280,9 +285,9 @@ class BreakableCUDAGraphCapture:
             body = capture_stub if capture_stub is not None else fn
             with (
                 _set(IN_BREAK_BODY, True), _set(REPLAY, (self.device, 0)),
-                self._break_allocations(),
+                self._break_results() as adopt,
             ):
-                result = body(*args, **kwargs)
+                result = adopt(body(*args, **kwargs))
         self.graph._breaks.append(self._make_break(fn, args, kwargs, result))
         self._begin_segment()
         return result
@@ -312,6 +317,10 @@ class BreakableCUDAGraphCapture:
                 pass  # the error that aborted __enter__ is the one to propagate
             finally:
                 self.graph._fail_capture()
+
+
+def _unchanged(result: Any) -> Any:
+    return result
 
 
 def _same_stream(a: StreamLike, b: StreamLike | None) -> bool:

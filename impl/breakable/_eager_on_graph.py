@@ -49,9 +49,10 @@ def eager_on_graph(
     .. warning::
         Arguments and the capture-time result are owned by the graph until it is reset, except
         the graph's scratch (``BCG-7``): a tensor its own capture allocated in its pool (a
-        segment's output, or the capture-time result, which is allocated there where the device
-        tracks scratch) is held through an alias, a tensor object with the same memory,
-        geometry and dtype that keeps nothing allocated, and replay passes the alias. Do not
+        segment's output, or the capture-time result: where the device tracks scratch, result
+        tensors the call allocated are copied into the pool and the copies returned in their
+        place) is held through an alias, a tensor object with the same memory, geometry and
+        dtype that keeps nothing allocated, and replay passes the alias. Do not
         replace an argument tensor between replays: write new values into it
         (``x.copy_(new)``), because the break calls the function with the captured objects.
 

@@ -5,7 +5,8 @@ result (replay copies the fresh result into it). Most of that must be owned: a t
 caller made, another graph's output, a buffer of a registry; if its memory were freed and handed
 on, replay would read or write someone else's data. *Scratch* is different: memory allocated in
 the capture's own pool during the capture (a segment's output, such as the ``q``, ``k``, ``v``
-an attention break reads, or a break result allocated there). Replay rewrites it before any
+an attention break reads, or the pool copy of a break's result: see
+:func:`adopting_results`). Replay rewrites it before any
 break reads it, in the order the capture did, so the graph needs the address and not the
 allocation: it holds an alias that keeps nothing alive, and once the caller drops the
 capture-time tensors the blocks are free for the next capture into the pool. Without this every
@@ -22,7 +23,8 @@ nothing (``BCG-6``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -31,7 +33,32 @@ from spec import CaptureScratch
 
 from ._graph_break import GraphBreak
 
-__all__ = ["hold_break"]
+__all__ = ["adopting_results", "hold_break"]
+
+
+@contextmanager
+def adopting_results(scratch: CaptureScratch) -> Iterator[Callable[[Any], Any]]:
+    """Around a break's capture-time call: yields the function that replaces the result
+    tensors the call allocated (a tensor, or in a tuple, list or dict) by their copies in the
+    pool (``scratch.adopting()``), so the capture continues with, and holds, scratch."""
+    with scratch.adopting() as adopt:
+
+        def adopt_result(result: Any) -> Any:
+            tensors = _result_tensors(result)
+            if not tensors:
+                return result
+            copies = {
+                id(t): copy for t, copy in zip(tensors, adopt(tensors), strict=True)
+                if copy is not None
+            }
+            if not copies:
+                return result
+            return _substitute_result(
+                result,
+                lambda v: copies.get(id(v), v) if isinstance(v, torch.Tensor) else v,
+            )
+
+        yield adopt_result
 
 
 def hold_break(

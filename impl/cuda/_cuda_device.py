@@ -19,8 +19,9 @@ answers too little or fails in a way that leaves the process unusable:
   allocators stop routing to the pool and the pool reference is dropped: the process keeps
   allocating normally, and a shared pool serves the next capture.
 - **Graph scratch** (``capture_scratch``, :mod:`impl.cuda._scratch`): which memory a
-  breakable capture allocated in its own pool, from the caching allocator's pool snapshot, so
-  the graph can hold it without keeping it allocated (``BCG-7``).
+  breakable capture allocated in its own pool, from the caching allocator's snapshot, so the
+  graph can hold it without keeping it allocated (``BCG-7``), and break results copied into
+  the pool through torch's allocate-to-pool hook.
 - **No graph dies during a capture** (``CUDA-4``). Destroying a CUDA graph while a global-mode
   capture is active invalidates that capture: CUDA reports it at the next launch
   (``cudaErrorStreamCaptureInvalidated``, often as ``CUBLAS_STATUS_EXECUTION_FAILED`` in a

@@ -6,13 +6,17 @@ the next size's capture (``BCG-7``, ``spec.CaptureScratch``). Here the caching a
 which memory that is:
 
 - **Which blocks.** A snapshot of the caching allocator (``torch.cuda.memory_snapshot()``, no
-  traces: 0.2 to 1 ms, once per capture and once per break), filtered to the pool's segments,
+  traces: 0.2 to 1 ms, once per capture and twice per break), filtered to the pool's segments,
   lists the pool's allocated blocks by address. A tensor is scratch when its storage
   starts at an allocated block of the pool that was not allocated when the tracker was made
   (a block live then, or at an address live then, is another owner's: held strongly).
-- **Allocating into the pool.** ``torch._C._cuda_beginAllocateCurrentThreadToPool`` routes the
-  current thread's allocations into the pool outside a capture (what ``torch.cuda.use_mem_pool``
-  does for a ``MemPool``); the pool's use count taken there is released on exit.
+- **Break results into the pool.** A break's eager call allocates as usual (what it keeps, such
+  as a lazily built cache, must not land in memory other graphs of the pool use as scratch).
+  Its result tensors on memory it allocated (a storage at an address no block had on entry)
+  are copied into the pool, and the copies stand in for them: allocated there through
+  ``torch._C._cuda_beginAllocateCurrentThreadToPool``, which routes the current thread's
+  allocations into the pool outside a capture (what ``torch.cuda.use_mem_pool`` does for a
+  ``MemPool``), the pool's use count taken there released on exit.
 - **Aliases** are tensors over a non-owning storage of the same address
   (``torch._C._construct_storage_from_data_pointer``): the allocator sees the block free once
   the capture-time tensors die. The graph keeps the pool, and so the memory, alive.
@@ -41,14 +45,8 @@ class CudaCaptureScratch:
 
     def _live_blocks(self) -> dict[int, int]:
         """Address -> size of every allocated block of the pool."""
-        # The whole allocator's snapshot, filtered here: torch 2.11's snapshot of one pool
-        # (memory_snapshot(pool)) left the allocator so that a later capture_begin crashed.
-        try:
-            segments = torch.cuda.memory_snapshot(include_traces=False)
-        except TypeError:  # a torch whose snapshot always includes traces
-            segments = torch.cuda.memory_snapshot()
         live: dict[int, int] = {}
-        for segment in segments:
+        for segment in _snapshot():
             if tuple(segment.get("segment_pool_id", ())) != tuple(self._pool):
                 continue
             address = segment["address"]
@@ -59,7 +57,48 @@ class CudaCaptureScratch:
         return live
 
     @contextmanager
-    def allocating(self) -> Iterator[None]:
+    def adopting(self) -> Iterator[Callable[[Sequence[Any]], list[torch.Tensor | None]]]:
+        """Around a break's eager call at capture: yields ``adopt``, which maps each value that
+        is a tensor on memory the call allocated (its storage starts at no block that was
+        allocated on entry) to a copy of it in the pool, and anything else to ``None``."""
+        before = self._live_addresses()
+        yield lambda values: self._adopt(values, before)
+
+    def _live_addresses(self) -> frozenset[int]:
+        return frozenset(
+            block.get("address", 0)
+            for segment in _snapshot()
+            for block in segment["blocks"] if block["state"] == "active_allocated"
+        )
+
+    def _adopt(self, values: Sequence[Any], before: frozenset[int]) -> list[torch.Tensor | None]:
+        copies: dict[int, torch.Tensor] = {}
+        out: list[torch.Tensor | None] = []
+        for value in values:
+            storage = value.untyped_storage() if isinstance(value, torch.Tensor) else None
+            if (
+                storage is None
+                or not value.is_cuda
+                or storage.nbytes() == 0
+                or storage.data_ptr() in before
+            ):
+                out.append(None)
+                continue
+            copy = copies.get(storage.data_ptr())
+            if copy is None:
+                with self._allocating():
+                    copy = torch.empty(storage.nbytes(), dtype=torch.uint8, device=value.device)
+                copy.copy_(torch.empty(0, dtype=torch.uint8, device=value.device).set_(
+                    storage, 0, (storage.nbytes(),)
+                ))
+                copies[storage.data_ptr()] = copy
+            out.append(torch.empty(0, dtype=value.dtype, device=value.device).set_(
+                copy.untyped_storage(), value.storage_offset(), value.shape, value.stride()
+            ))
+        return out
+
+    @contextmanager
+    def _allocating(self) -> Iterator[None]:
         """Route this thread's allocations in the body into the pool."""
         torch._C._cuda_beginAllocateCurrentThreadToPool(self._index, self._pool)
         try:
@@ -94,6 +133,16 @@ class CudaCaptureScratch:
         self, writes: Sequence[torch.Tensor], label: str
     ) -> Callable[[], None] | None:
         return None
+
+
+def _snapshot() -> list[dict[str, Any]]:
+    """The caching allocator's segments, without traces. The whole allocator's snapshot: torch
+    2.11's snapshot of one pool (``memory_snapshot(pool)``) left the allocator so that a later
+    ``capture_begin`` crashed."""
+    try:
+        return torch.cuda.memory_snapshot(include_traces=False)
+    except TypeError:  # a torch whose snapshot always includes traces
+        return torch.cuda.memory_snapshot()
 
 
 def _alias(value: torch.Tensor, address: int, nbytes: int) -> torch.Tensor:

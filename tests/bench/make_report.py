@@ -119,8 +119,8 @@ def _capture(data: dict[str, Any]) -> list[str]:
     rows = [[len(data["ladder"]), f"{data['ladder_pool_bytes'] / 2**20:.1f}",
              f"{data['largest_alone_pool_bytes'] / 2**20:.1f}", f"{ratio:.3f}", "<= 1.25",
              _verdict(ratio <= 1.25)]]
-    outside = ["Held outside the pool (break results made by eager calls, registry "
-               "buffers): ladder "
+    outside = ["Held outside the pool (what the breaks own, made outside it: metadata, "
+               "placeholders): ladder "
                f"{data['ladder_outside_pool_bytes'] / 2**20:.1f} MiB, largest alone "
                f"{data['largest_alone_outside_pool_bytes'] / 2**20:.1f} MiB; ladder / "
                f"largest counting both: {data['ladder_over_largest_with_outside']:.3f}.", ""]

@@ -8,8 +8,8 @@ On the prefill model of ``test_bench_runners`` (dense, 24 layers, hidden 2048, b
   allocator's segments that belong to it (``torch.cuda.memory_snapshot()``). Capturing largest
   first lets every smaller size re-use the blocks the larger one freed (``BCG-12``), so the
   ladder should cost little more than its largest member. Target: at most 1.25x. Also
-  reported: what the captures keep allocated *outside* the pool (break results, which eager
-  calls between segments make, and the registry's buffers), and the ratio counting both.
+  reported: what the captures keep allocated *outside* the pool (what their breaks own, made
+  outside the pool, such as metadata), and the ratio counting both.
 - **Capture seconds per size**, breakable against a full graph of the same step (attention
   inside, captured for one request of that many tokens), each with two warmups.
 
@@ -58,8 +58,8 @@ def _model_runner(device: impl.CudaDevice, model: torch.nn.Module) -> ModelRunne
 
 def _pool_for(device: impl.CudaDevice, model: torch.nn.Module, sizes: list[int]) -> dict:
     """The pool's bytes after capturing ``sizes``, and the bytes the captures allocated outside
-    it that stay allocated (break results, made by eager calls between segments, and the
-    registry's buffers)."""
+    it that stay allocated (what the breaks own: metadata, placeholders; the registry's
+    buffers are the runner's, allocated before)."""
     runner = _model_runner(device, model)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
@@ -72,9 +72,17 @@ def _pool_for(device: impl.CudaDevice, model: torch.nn.Module, sizes: list[int])
     return {"pool": reserved, "outside": outside}
 
 
+def _warm_capture_stream(device: impl.CudaDevice, model: torch.nn.Module) -> None:
+    """One eager step on the capture stream before anything is measured: cuBLAS keeps a
+    workspace per stream (32 MiB on an H100 or H200), allocated at the stream's first GEMM and
+    never freed, which would otherwise count as memory of whichever capture came first."""
+    _pool_for(device, model, [CAPTURE_TIME_TOKENS[0]])
+
+
 def run_capture(device: impl.CudaDevice) -> dict[str, Any]:
     with torch.no_grad():
         model = PREFILL_MODEL.build(device)
+        _warm_capture_stream(device, model)
         ladder = impl.default_prefill_sizes(LADDER_MAX)
         ladder_mem = _pool_for(device, model, ladder)
         largest_mem = _pool_for(device, model, [ladder[-1]])
