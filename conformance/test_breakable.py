@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import torch
 
+from spec import PoolClobber
+
 
 def _host(t: torch.Tensor) -> list:
     return t.cpu().tolist()
@@ -418,6 +420,94 @@ def test_what_a_break_keeps_survives_the_replays_of_other_graphs(device, breakab
         assert _host(out_a) == _host(host * 6 * 2 + host * 2 + host * 6)
         graph_b.replay()
         assert _host(out_b) == _host(host + 1 + 100), "graph A's replay wrote the break's table"
+
+
+@pytest.mark.clause("BCG-6")
+def test_break_arguments_of_any_kind(device, breakable_api) -> None:
+    """Autograd-tracked arguments, and a lazily negated view of a segment's output, reach the
+    break as they are."""
+    api = breakable_api
+    dev = device.device
+    weight = torch.nn.Parameter(torch.full((4,), 2.0, device=dev), requires_grad=True)
+
+    @api.eager_on_graph()
+    def combine(h: torch.Tensor, w: torch.Tensor, n: torch.Tensor) -> Any:
+        with torch.no_grad():
+            return h * w + n
+
+    x = torch.zeros(4, device=dev)
+    graph = api.BreakableCUDAGraph(device)
+    with api.BreakableCUDAGraphCapture(graph):
+        h = x + 1
+        out = combine(h, weight, h._neg_view()) + 0
+    host = _arange(4, 1.0)
+    x.copy_(host)
+    graph.replay()
+    assert _host(out) == _host((host + 1) * 2 - (host + 1))
+
+
+@pytest.mark.clause("BCG-6", "BCG-7")
+def test_a_result_the_break_keeps_is_the_result_segments_write(device, breakable_api) -> None:
+    """A break returning a buffer it keeps (built at its first call): later segments write
+    into the returned tensor in place, and the next call sees those writes, as eagerly."""
+    api = breakable_api
+    kept: dict[str, torch.Tensor] = {}
+
+    @api.eager_on_graph()
+    def counter(h: torch.Tensor) -> torch.Tensor:
+        if "buf" not in kept:
+            kept["buf"] = torch.zeros_like(h)
+        return kept["buf"]
+
+    x = torch.zeros(4, device=device.device)
+    graph = api.BreakableCUDAGraph(device)
+    with api.BreakableCUDAGraphCapture(graph):
+        b = counter(x)
+        b.add_(x + 1)  # a segment accumulates into the break's buffer
+    assert b is kept["buf"], "the capture did not continue with the buffer the break returned"
+    buf = kept["buf"]
+    buf.zero_()
+    host = _arange(4, 1.0)
+    x.copy_(host)
+    for n in (1, 2, 3):
+        graph.replay()
+        assert _host(buf) == _host((host + 1) * n), f"after {n} replays"
+
+
+@pytest.mark.clause("BCG-7", "MEM-4")
+@pytest.mark.capability("hazard_errors")
+def test_scratch_that_replay_does_not_rewrite_is_a_pool_clobber(device, breakable_api) -> None:
+    """A buffer a segment only allocates, filled by a break at its first call only: replay
+    does not rewrite it, so once another graph of the pool re-used its block the break reads
+    that graph's data. The graph holds the buffer without owning it (it is scratch); a backend
+    that names hazards raises PoolClobber at the read."""
+    api = breakable_api
+    pool = device.graph_pool_handle()
+    filled: set[int] = set()
+
+    @api.eager_on_graph()
+    def fill_once(buf: torch.Tensor) -> torch.Tensor:
+        if not filled:
+            buf.fill_(4.0)
+            filled.add(1)
+        return buf * 2
+
+    xa = torch.zeros(64, device=device.device)
+    graph_a = api.BreakableCUDAGraph(device)
+    with api.BreakableCUDAGraphCapture(graph_a, pool=pool):
+        buf = torch.empty_like(xa)  # allocated, never written by a segment
+        out_a = fill_once(buf) + xa
+    del buf
+    gc.collect()
+    graph_b = api.BreakableCUDAGraph(device)
+    with api.BreakableCUDAGraphCapture(graph_b, pool=pool):
+        outs_b = [xa * float(k) for k in range(8)]  # takes the buffer's block
+        out_b = torch.stack(outs_b).sum(0)
+    del outs_b
+    graph_b.replay()
+    with pytest.raises(PoolClobber):
+        graph_a.replay()
+    del out_a, out_b
 
 
 @pytest.mark.clause("BCG-8")

@@ -1,10 +1,10 @@
 """Graph scratch memory on the fake: what ``FakeDevice.capture_scratch(pool)`` returns.
 
 A breakable capture asks its device which break inputs and results are *scratch*: memory
-allocated in the capture's pool by the capture itself (a segment's output, or a break's
-capture-time result). The graph rewrites such memory earlier in every replay than the break
-reads it, so it may hold it without owning it, and later captures into the pool may re-use it
-(``BCG-7``). This module is the fake's answer, with the checks CUDA cannot make:
+allocated in the capture's pool by the capture itself (a segment's output, or the pool copy of
+a break's capture-time result). The graph holds scratch without owning it, and later captures
+into the pool may re-use it (``BCG-7``), which is correct when every replay rewrites scratch
+before a break reads it. This module is the fake's answer, with the checks CUDA cannot make:
 
 - :meth:`FakeCaptureScratch.adopting` watches a break's eager call at capture (a dispatch mode
   noting the storages its ops allocate) and copies the result tensors on such fresh memory
@@ -14,10 +14,11 @@ reads it, so it may hold it without owning it, and later captures into the pool 
   pool and was handed out after the tracker was made, and is still that allocation) and
   returns non-owning aliases of them: views of the pool's own storage of the block, which keep
   the block's tenant, and so the allocation, nothing;
-- the replay hooks keep the blocks' last-writer stamps true: a break reading scratch expects
-  the write the capture saw (:class:`~spec.PoolClobber` otherwise), and after it ran the break
-  stamps the scratch it may have written (its result, its scratch arguments), so the next
-  segment's replay finds the write it was captured after.
+- :meth:`FakeCaptureScratch.replay_watch` watches each replay of a break's call: reading a
+  scratch block (before the call wrote it) that a graph writing another allocation of the block
+  wrote last raises :class:`~spec.PoolClobber` (scratch the replay did not rewrite: a buffer a
+  segment only allocated and the break fills at its first call only), and the blocks the call
+  wrote are stamped as the graph's writes, so the next segment's replay finds them written.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import itertools
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,6 +36,8 @@ from spec.errors import PoolClobber
 
 from ._allocator import Block, FakePool, WriteStamp
 from ._compat import no_python_dispatch
+from ._mode import _NO_MEMORY_TOUCHED, _accesses, _storage_bytes
+from ._ops import classify_op
 
 if TYPE_CHECKING:
     from ._device import FakeDevice
@@ -70,20 +73,24 @@ class FakeCaptureScratch:
             raise RuntimeError("adopting into a pool that no longer exists")
         copies: dict[int, torch.UntypedStorage] = {}
         out: list[torch.Tensor | None] = []
+        extents = _extents(values)
         for value in values:
             storage = value.untyped_storage() if isinstance(value, torch.Tensor) else None
-            if storage is None or storage.nbytes() == 0 or storage.data_ptr() not in fresh:
+            if storage is None or storage.data_ptr() not in fresh:
                 out.append(None)
                 continue
             tenant = copies.get(storage.data_ptr())
             if tenant is None:
-                block, tenant = pool.allocate(storage.nbytes(), value.dtype)
+                # What the results reach of the storage, not all of it (a slice of a workspace).
+                nbytes = extents[storage.data_ptr()]
+                block, tenant = pool.allocate(nbytes, value.dtype)
                 self._device._register_block(block)
                 with no_python_dispatch():
-                    dest = torch.empty(0, dtype=torch.uint8).set_(tenant, 0, (storage.nbytes(),))
-                    src = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),))
-                # Through the modes: stream order sees the block written on the capture stream.
-                dest.copy_(src)
+                    dest = torch.empty(0, dtype=torch.uint8).set_(tenant, 0, (nbytes,))
+                    dest.copy_(torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,)))
+                # Beside the modes, which would keep the original alive; stream order is told.
+                stream = self._device.current_stream()
+                self._device._order.wrote(stream, stream._issue(), "adopt", [block])
                 copies[storage.data_ptr()] = tenant
             with no_python_dispatch():
                 out.append(torch.empty(0, dtype=value.dtype).set_(
@@ -113,53 +120,82 @@ class FakeCaptureScratch:
             out.append(alias)
         return out
 
-    def read_check(
-        self, reads: Sequence[torch.Tensor], label: str
-    ) -> Callable[[], None] | None:
-        """A check to run at replay before a break reads the aliases ``reads``: each block's
-        last writer must be the one the capture saw then (a segment's op, or an earlier
-        break's result); :class:`~spec.PoolClobber` otherwise."""
-        expected: list[tuple[Block, int, WriteStamp]] = []
-        for alias in reads:
+    def replay_watch(
+        self, aliases: Sequence[torch.Tensor], label: str
+    ) -> Callable[[], AbstractContextManager[None]] | None:
+        """A factory of :class:`_ReplayWatch` for break ``label`` over the blocks of
+        ``aliases`` (see the module docstring)."""
+        blocks: dict[Block, int] = {}
+        for alias in aliases:
             _, block, gen = self._aliased[id(alias)]
-            last = block.last_write
-            if last is not None and last.gen == gen:
-                expected.append((block, gen, last))
-        if not expected:
+            blocks[block] = gen
+        if not blocks:
             return None
+        stamps = {
+            block: WriteStamp(self._serial, next(self._writes), gen, f"break {label}")
+            for block, gen in blocks.items()
+        }
+        device = self._device
+        return lambda: _ReplayWatch(device, blocks, stamps, label)
 
-        def check() -> None:
-            for block, gen, stamp in expected:
-                found = block.last_write
-                if found != stamp:
-                    raise PoolClobber(
-                        block.describe(gen), f"break {label}", expected=str(stamp),
-                        found=str(found) if found is not None else "no write by any graph",
-                    )
 
-        return check
+class _ReplayWatch(TorchDispatchMode):
+    """Active around one replay of a break's call: a read of a watched block not yet written
+    by the call must find it last written by a graph writing its capture-time allocation (or
+    by nothing), :class:`~spec.PoolClobber` otherwise; the blocks the call wrote are stamped
+    as the break's writes when it returns."""
 
-    def write_mark(
-        self, writes: Sequence[torch.Tensor], label: str
-    ) -> Callable[[], None] | None:
-        """Stamp the blocks of the aliases ``writes`` (the break's scratch result and the
-        scratch it was handed, which it may write in place) as written by this break: now,
-        which is what the capture predicts its replays do, and at every replay, after the
-        break ran."""
-        stamps: list[tuple[Block, WriteStamp]] = []
-        for alias in writes:
-            _, block, gen = self._aliased[id(alias)]
-            stamp = WriteStamp(self._serial, next(self._writes), gen, f"break {label}")
-            block.last_write = stamp
-            stamps.append((block, stamp))
-        if not stamps:
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+    def __init__(
+        self, device: FakeDevice, blocks: dict[Block, int], stamps: dict[Block, WriteStamp],
+        label: str,
+    ) -> None:
+        super().__init__()
+        self._device = device
+        self._blocks = blocks
+        self._stamps = stamps
+        self._label = label
+        self._written: set[Block] = set()
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        info = classify_op(func)
+        if info.kind == "view" or func in _NO_MEMORY_TOUCHED:
+            return func(*args, **kwargs)
+        reads, writes = _accesses(func, info, args, kwargs)
+        for t in reads:
+            block = self._watched(t)
+            if block is None or block in self._written:
+                continue
+            gen, last = self._blocks[block], block.last_write
+            if last is not None and last.gen != gen:
+                raise PoolClobber(
+                    block.describe(gen), f"break {self._label}",
+                    expected=f"a write of allocation {gen} by its graph", found=str(last),
+                )
+        out = func(*args, **kwargs)
+        for t in writes:
+            block = self._watched(t)
+            if block is not None:
+                self._written.add(block)
+        return out
+
+    def _watched(self, t: torch.Tensor) -> Block | None:
+        if t.layout != torch.strided:
             return None
+        memory = self._device._memory_of(t)
+        return memory if memory in self._blocks else None  # type: ignore[return-value]
 
-        def mark() -> None:
-            for block, stamp in stamps:
-                block.last_write = stamp
-
-        return mark
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        if exc[0] is None:
+            for block in self._written:
+                block.last_write = self._stamps[block]
 
 
 class _FreshStorages(TorchDispatchMode):
@@ -181,13 +217,25 @@ class _FreshStorages(TorchDispatchMode):
         inputs = {
             t.untyped_storage().data_ptr()
             for t in _tensors((args, tuple((kwargs or {}).values())))
+            if t.layout == torch.strided
         }
         for t in _tensors(out):
-            if t.device.type == "cpu" and not t.is_sparse:
+            if t.device.type == "cpu" and t.layout == torch.strided:
                 ptr = t.untyped_storage().data_ptr()
                 if ptr not in inputs:
                     self.fresh.add(ptr)
         return out
+
+
+def _extents(values: Sequence[Any]) -> dict[int, int]:
+    """Per storage (by data pointer), the bytes from its start that the tensors among
+    ``values`` reach."""
+    extents: dict[int, int] = {}
+    for t in values:
+        if isinstance(t, torch.Tensor):
+            ptr = t.untyped_storage().data_ptr()
+            extents[ptr] = max(extents.get(ptr, 1), _storage_bytes(t))
+    return extents
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:

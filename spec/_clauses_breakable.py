@@ -29,9 +29,11 @@ define(
             pool and replayed on the capture stream.""", """The graph owns every break input and
             result until reset(), except scratch: memory its own capture allocated in its pool
             (segment outputs, and the pool copies of the results the capture-time call
-            allocated, where the device tracks scratch), held without keeping it allocated, so
-            later captures into the pool re-use it; what a break's call allocates and keeps stays
-            outside the pool."""),
+            allocated and did not keep, where the device tracks scratch), held without keeping
+            it allocated, so later captures into the pool re-use it; what a break's call keeps
+            stays itself, outside the pool. Scratch a break reads must be rewritten by every
+            replay before the read (a buffer a segment only allocates is written by the break
+            at every call)."""),
         ("BCG-8", """A decorated call made inside another break's eager body runs inline and
             records no break of its own."""),
         ("BCG-9", """Streams forked from the capture stream are joined back automatically before

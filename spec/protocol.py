@@ -179,9 +179,10 @@ class CaptureScratch(Protocol):
 
     *Scratch* is memory allocated in ``pool`` after the tracker was made, by the capture itself:
     a segment's output, or the pool copy of a break's capture-time result (:meth:`adopting`).
-    The graph rewrites scratch earlier in every replay than a break reads it, so a breakable
-    graph holds scratch without owning it, and later captures into the pool re-use it
-    (``BCG-7``).
+    A breakable graph holds scratch without owning it, and later captures into the pool
+    re-use it (``BCG-7``): replay must rewrite scratch before a break reads it, which segment
+    outputs and break results are, and a buffer a segment only allocated is if the break
+    writes it at every call.
     """
 
     def adopting(
@@ -197,19 +198,15 @@ class CaptureScratch(Protocol):
         alive when the value is a scratch tensor (its memory is that allocation still);
         ``None`` for anything else."""
 
-    def read_check(
-        self, reads: Sequence[torch.Tensor], label: str
-    ) -> Callable[[], None] | None:
-        """What to call at replay before break ``label`` reads the aliases ``reads``, or
-        ``None`` (CUDA: nothing can be checked). The fake raises :class:`PoolClobber` there
-        when another owner wrote the memory after the write the capture saw."""
-
-    def write_mark(
-        self, writes: Sequence[torch.Tensor], label: str
-    ) -> Callable[[], None] | None:
-        """What to call at replay after break ``label`` ran, or ``None``: ``writes`` are the
-        aliases it may have written (its result, and scratch arguments it may write in place);
-        the fake records them as written by the break for the next segment's checks."""
+    def replay_watch(
+        self, aliases: Sequence[torch.Tensor], label: str
+    ) -> Callable[[], AbstractContextManager[None]] | None:
+        """A context manager factory that replay enters around break ``label``'s call (and
+        its result copy), given the scratch aliases the break holds; ``None`` where nothing
+        can be watched (CUDA). The fake watches the call's reads and writes of that memory: a
+        read of memory another allocation's graph wrote since raises :class:`PoolClobber`
+        (scratch the replay does not rewrite before the break reads it), and what the call
+        wrote counts as written by the graph for the next segment's checks."""
 
 
 @runtime_checkable

@@ -94,24 +94,27 @@ def test_adopting_copies_what_the_call_allocated_into_the_pool(device) -> None:
     assert aliases[1] is None, "the call's own result (outside the pool) is scratch"
 
 
-def test_replay_hooks_of_the_fake_follow_the_last_writer() -> None:
+def test_the_fakes_replay_watch_follows_the_last_writer() -> None:
     device = fakes.FakeDevice()
     pool = device.graph_pool_handle()
     scratch = device.capture_scratch(pool)
     x = torch.ones(N, device=device.device)
     graph_a, h = _capture(device, pool, lambda: x + 1)
     (alias,) = scratch.aliases([h])
-    check = scratch.read_check([alias], "reader")
-    mark = scratch.write_mark([alias], "reader")
-    assert check is not None and mark is not None
+    watch = scratch.replay_watch([alias], "reader")
+    assert watch is not None
     del h
     gc.collect()
     graph_b, other = _capture(device, pool, lambda: x * 5)  # takes the freed block
     assert other.data_ptr() == alias.data_ptr()
     graph_a.replay()
-    mark()  # the break wrote the block
+    with watch():
+        alias.sum()  # graph A wrote it last
     graph_b.replay()
-    with pytest.raises(spec.PoolClobber):
-        check()  # graph B wrote the block after the write the reader expects
-    graph_a.replay()
-    check()
+    with pytest.raises(spec.PoolClobber), watch():
+        alias.sum()  # graph B, writing another allocation of the block, wrote it since
+    with watch():
+        alias.fill_(2.0)  # written by the call before it reads it
+        alias.sum()
+    with watch():
+        alias.sum()  # the call's write counts as the graph's

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import types
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -135,7 +136,7 @@ class GraphBreak:
     into an argument) only calls the function.
     """
 
-    __slots__ = ("_after", "_before", "args", "fn", "kwargs", "result")
+    __slots__ = ("_watch", "args", "fn", "kwargs", "result")
 
     def __init__(
         self,
@@ -148,15 +149,12 @@ class GraphBreak:
         self.args = tuple(args)
         self.kwargs = dict(kwargs or {})
         self.result = result
-        self._before: Callable[[], None] | None = None
-        self._after: Callable[[], None] | None = None
+        self._watch: Callable[[], AbstractContextManager[Any]] | None = None
 
-    def set_replay_hooks(
-        self, before: Callable[[], None] | None, after: Callable[[], None] | None
-    ) -> None:
-        """Calls replay makes around this break: ``before`` ahead of the function, ``after``
-        once the result was copied (a device's scratch checks, ``spec.CaptureScratch``)."""
-        self._before, self._after = before, after
+    def set_replay_watch(self, watch: Callable[[], AbstractContextManager[Any]] | None) -> None:
+        """A context manager factory replay enters around this break's call and result copy
+        (a device's scratch checks, ``spec.CaptureScratch.replay_watch``), or ``None``."""
+        self._watch = watch
 
     @property
     def name(self) -> str:
@@ -171,20 +169,16 @@ class GraphBreak:
     def replay_callable(self) -> Callable[[], None] | None:
         """The zero-argument callable that replay runs for this break (``None``: nothing to
         run). Specialised once: a tensor result is copied by a closure without dispatch, and
-        replay hooks cost nothing where there are none."""
-        call = self._call()
-        before, after = self._before, self._after
-        if call is None or (before is None and after is None):
+        a replay watch costs nothing where there is none."""
+        call, watch = self._call(), self._watch
+        if call is None or watch is None:
             return call
 
-        def hooked() -> None:
-            if before is not None:
-                before()
-            call()
-            if after is not None:
-                after()
+        def watched() -> None:
+            with watch():
+                call()
 
-        return hooked
+        return watched
 
     def _call(self) -> Callable[[], None] | None:
         fn, args, kwargs, dest = self.fn, self.args, self.kwargs, self.result

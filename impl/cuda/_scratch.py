@@ -21,13 +21,13 @@ which memory that is:
   (``torch._C._construct_storage_from_data_pointer``): the allocator sees the block free once
   the capture-time tensors die. The graph keeps the pool, and so the memory, alive.
 
-CUDA cannot check a replay's use of scratch, so there are no replay hooks.
+CUDA cannot check a replay's use of scratch, so there is no replay watch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import torch
@@ -74,22 +74,24 @@ class CudaCaptureScratch:
     def _adopt(self, values: Sequence[Any], before: frozenset[int]) -> list[torch.Tensor | None]:
         copies: dict[int, torch.Tensor] = {}
         out: list[torch.Tensor | None] = []
+        extents: dict[int, int] = {}
+        for value in values:
+            if isinstance(value, torch.Tensor) and value.is_cuda:
+                ptr = value.untyped_storage().data_ptr()
+                extents[ptr] = max(extents.get(ptr, 1), _reach(value))
         for value in values:
             storage = value.untyped_storage() if isinstance(value, torch.Tensor) else None
-            if (
-                storage is None
-                or not value.is_cuda
-                or storage.nbytes() == 0
-                or storage.data_ptr() in before
-            ):
+            if storage is None or not value.is_cuda or storage.data_ptr() in before:
                 out.append(None)
                 continue
             copy = copies.get(storage.data_ptr())
             if copy is None:
+                # What the results reach of the storage, not all of it (a slice of a workspace).
+                nbytes = extents[storage.data_ptr()]
                 with self._allocating():
-                    copy = torch.empty(storage.nbytes(), dtype=torch.uint8, device=value.device)
+                    copy = torch.empty(nbytes, dtype=torch.uint8, device=value.device)
                 copy.copy_(torch.empty(0, dtype=torch.uint8, device=value.device).set_(
-                    storage, 0, (storage.nbytes(),)
+                    storage, 0, (nbytes,)
                 ))
                 copies[storage.data_ptr()] = copy
             out.append(torch.empty(0, dtype=value.dtype, device=value.device).set_(
@@ -124,14 +126,9 @@ class CudaCaptureScratch:
             out.append(alias)
         return out
 
-    def read_check(
-        self, reads: Sequence[torch.Tensor], label: str
-    ) -> Callable[[], None] | None:
-        return None
-
-    def write_mark(
-        self, writes: Sequence[torch.Tensor], label: str
-    ) -> Callable[[], None] | None:
+    def replay_watch(
+        self, aliases: Sequence[torch.Tensor], label: str
+    ) -> Callable[[], AbstractContextManager[None]] | None:
         return None
 
 
@@ -143,6 +140,14 @@ def _snapshot() -> list[dict[str, Any]]:
         return torch.cuda.memory_snapshot(include_traces=False)
     except TypeError:  # a torch whose snapshot always includes traces
         return torch.cuda.memory_snapshot()
+
+
+def _reach(t: torch.Tensor) -> int:
+    """Bytes of its storage, from the start, that a tensor of ``t``'s geometry reaches."""
+    if t.numel() == 0:
+        return t.storage_offset() * t.element_size()
+    span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
+    return (t.storage_offset() + span) * t.element_size()
 
 
 def _alias(value: torch.Tensor, address: int, nbytes: int) -> torch.Tensor:
