@@ -326,20 +326,30 @@ def test_result_that_is_the_destination_and_none_results(device, breakable_api) 
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.clause("BCG-7")
-def test_break_inputs_and_results_outlive_the_callers_references(device, breakable_api) -> None:
+def _scale_through_a_break(device: Any, api: Any) -> tuple[Any, torch.Tensor, torch.Tensor, dict]:
+    """``(x + 1) * meta + 1`` with the multiplication as a break, where the caller keeps only
+    the graph, ``x`` and ``out``: weak references to ``meta`` (made outside the capture), the
+    segment output ``h`` and the break result ``y`` come back with them."""
     x = torch.zeros(4, device=device.device)
     meta = torch.full((4,), 3.0, device=device.device)
 
-    @breakable_api.eager_on_graph()
+    @api.eager_on_graph()
     def scale(h: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         return h * m
 
-    graph = breakable_api.BreakableCUDAGraph(device)
-    with breakable_api.BreakableCUDAGraphCapture(graph):
-        y = scale(x + 1, meta)
+    graph = api.BreakableCUDAGraph(device)
+    with api.BreakableCUDAGraphCapture(graph):
+        h = x + 1  # a segment's output
+        y = scale(h, meta)  # the break's capture-time result
         out = y + 1
-    del meta, y
+    refs = {"input made outside": weakref.ref(meta), "segment output": weakref.ref(h),
+            "break result": weakref.ref(y)}
+    return graph, x, out, refs
+
+
+@pytest.mark.clause("BCG-7")
+def test_break_inputs_and_results_outlive_the_callers_references(device, breakable_api) -> None:
+    graph, x, out, _ = _scale_through_a_break(device, breakable_api)
     gc.collect()
     for start in (1.0, 7.0):
         host = _arange(4, start)
@@ -353,21 +363,7 @@ def test_break_inputs_and_results_outlive_the_callers_references(device, breakab
 def test_graph_owns_its_break_inputs_but_not_its_scratch(device, breakable_api) -> None:
     if not hasattr(device, "capture_scratch"):
         pytest.skip(f"{device!r} tracks no graph scratch (no capture_scratch())")
-    x = torch.zeros(4, device=device.device)
-    meta = torch.full((4,), 3.0, device=device.device)
-
-    @breakable_api.eager_on_graph()
-    def scale(h: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        return h * m
-
-    graph = breakable_api.BreakableCUDAGraph(device)
-    with breakable_api.BreakableCUDAGraphCapture(graph):
-        h = x + 1  # a segment's output: scratch
-        y = scale(h, meta)  # allocated in the pool by the capture-time call: scratch
-        out = y + 1
-    refs = {"input made outside": weakref.ref(meta), "segment output": weakref.ref(h),
-            "break result": weakref.ref(y)}
-    del meta, h, y
+    graph, x, out, refs = _scale_through_a_break(device, breakable_api)
     gc.collect()
     owned = {name for name, ref in refs.items() if ref() is not None}
     assert owned == {"input made outside"}, f"the graph owns {sorted(owned)}"

@@ -19,7 +19,8 @@ define(
             too.""", """eager_on_graph(enable=False) returns the function itself."""),
         ("BCG-5", """Inside a breakable capture a decorated call ends the current segment, calls
             barrier_fn, runs the function (or capture_stub instead) eagerly once, records one
-            break, begins the next segment, and returns the eager result."""),
+            break, begins the next segment, and returns the eager result (result tensors that
+            nothing else holds may come back as copies with the same values: BCG-7)."""),
         ("BCG-6", """At replay a break calls its function with the capture-time argument objects
             and copies the result in place into the capture-time result: tensors directly,
             tuples and lists element-wise, dicts and objects field-wise; a result that is the

@@ -15,6 +15,8 @@ import torch
 import fakes
 import spec
 
+pytestmark = pytest.mark.clause("BCG-7")
+
 N = 4096  # floats: 16 KiB, a block of its own on both allocators
 
 

@@ -266,7 +266,8 @@ class BreakableCUDAGraphCapture:
     ) -> Any:
         """Split the capture at a call of ``fn`` (``BCG-5``): end the current segment (joining
         forks), call ``barrier_fn``, run ``capture_stub`` or ``fn`` eagerly on the capture
-        stream, record the break, begin the next segment, and return the eager result.
+        stream, record the break, begin the next segment, and return the eager result (its
+        tensors that nothing else holds replaced by their pool copies, ``BCG-7``).
 
         This is what a decorated call does inside a capture; ``fn=None`` records an empty
         break (``break_graph()``).

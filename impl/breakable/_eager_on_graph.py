@@ -38,7 +38,8 @@ def eager_on_graph(
     (``BCG-4``). Inside one (``BCG-5``) a call ends the current segment (joining forked
     streams), calls the capture's ``barrier_fn``, runs the function (or ``capture_stub``)
     eagerly once on the capture stream, records a break, begins the next segment, and returns
-    the eager result, which later segments are captured reading.
+    the eager result (where the device tracks scratch, result tensors nothing else holds come
+    back as pool copies with the same values), which later segments are captured reading.
 
     At every replay the break calls the function again with the *same argument objects* and
     copies the new result into the capture-time result in place (``BCG-6``): tensors directly,

@@ -72,7 +72,7 @@ from spec import (
     register_device,
 )
 
-from ._scratch import CudaCaptureScratch
+from ._scratch import CudaCaptureScratch, non_owning_tensor
 
 __all__ = ["CudaDevice"]
 
@@ -723,12 +723,10 @@ class CudaDevice:
         memory was freed or handed to another owner, so this returns whatever it holds."""
         if not isinstance(handle, _WeakTensorRef):
             raise TypeError(f"handle must come from weak_ref_tensor, got {type(handle).__name__}")
-        make_storage = getattr(torch._C, "_construct_storage_from_data_pointer", None)
-        if make_storage is None:
-            raise RuntimeError("this torch build cannot make a non-owning CUDA tensor")
-        storage = make_storage(handle.data_ptr, handle.device, handle.nbytes)
-        out = torch.empty(0, dtype=handle.dtype, device=handle.device)
-        return out.set_(storage, handle.storage_offset, handle.shape, handle.stride)
+        return non_owning_tensor(
+            handle.data_ptr, handle.nbytes, handle.device, handle.dtype, handle.storage_offset,
+            handle.shape, handle.stride,
+        )
 
     # -- graph scratch ------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CudaCaptureScratch"]
+__all__ = ["CudaCaptureScratch", "non_owning_tensor"]
 
 
 class CudaCaptureScratch:
@@ -45,31 +45,15 @@ class CudaCaptureScratch:
 
     def _live_blocks(self) -> dict[int, int]:
         """Address -> size of every allocated block of the pool."""
-        live: dict[int, int] = {}
-        for segment in _snapshot():
-            if tuple(segment.get("segment_pool_id", ())) != tuple(self._pool):
-                continue
-            address = segment["address"]
-            for block in segment["blocks"]:
-                if block["state"] == "active_allocated":
-                    live[block.get("address", address)] = block["size"]
-                address += block["size"]
-        return live
+        return _allocated_blocks(self._pool)
 
     @contextmanager
     def adopting(self) -> Iterator[Callable[[Sequence[Any]], list[torch.Tensor | None]]]:
         """Around a break's eager call at capture: yields ``adopt``, which maps each value that
         is a tensor on memory the call allocated (its storage starts at no block that was
         allocated on entry) to a copy of it in the pool, and anything else to ``None``."""
-        before = self._live_addresses()
+        before = frozenset(_allocated_blocks())
         yield lambda values: self._adopt(values, before)
-
-    def _live_addresses(self) -> frozenset[int]:
-        return frozenset(
-            block.get("address", 0)
-            for segment in _snapshot()
-            for block in segment["blocks"] if block["state"] == "active_allocated"
-        )
 
     def _adopt(self, values: Sequence[Any], before: frozenset[int]) -> list[torch.Tensor | None]:
         copies: dict[int, torch.Tensor] = {}
@@ -132,14 +116,25 @@ class CudaCaptureScratch:
         return None
 
 
-def _snapshot() -> list[dict[str, Any]]:
-    """The caching allocator's segments, without traces. The whole allocator's snapshot: torch
-    2.11's snapshot of one pool (``memory_snapshot(pool)``) left the allocator so that a later
-    ``capture_begin`` crashed."""
+def _allocated_blocks(pool: tuple[int, int] | None = None) -> dict[int, int]:
+    """Address -> size of every allocated block of the caching allocator, or of ``pool``'s.
+
+    From the whole allocator's snapshot, without traces: torch 2.11's snapshot of one pool
+    (``memory_snapshot(pool)``) left the allocator so that a later ``capture_begin`` crashed."""
     try:
-        return torch.cuda.memory_snapshot(include_traces=False)
+        segments = torch.cuda.memory_snapshot(include_traces=False)
     except TypeError:  # a torch whose snapshot always includes traces
-        return torch.cuda.memory_snapshot()
+        segments = torch.cuda.memory_snapshot()
+    live: dict[int, int] = {}
+    for segment in segments:
+        if pool is not None and tuple(segment.get("segment_pool_id", ())) != tuple(pool):
+            continue
+        address = segment["address"]
+        for block in segment["blocks"]:
+            if block["state"] == "active_allocated":
+                live[block.get("address", address)] = block["size"]
+            address += block["size"]
+    return live
 
 
 def _reach(t: torch.Tensor) -> int:
@@ -150,7 +145,21 @@ def _reach(t: torch.Tensor) -> int:
     return (t.storage_offset() + span) * t.element_size()
 
 
+def non_owning_tensor(
+    address: int, nbytes: int, device: torch.device, dtype: torch.dtype, offset: int,
+    shape: Sequence[int], stride: Sequence[int],
+) -> torch.Tensor:
+    """A tensor over ``nbytes`` of device memory at ``address`` that keeps nothing allocated
+    (a storage without a deleter): what a weak reference resolves to, and a scratch alias."""
+    make_storage = getattr(torch._C, "_construct_storage_from_data_pointer", None)
+    if make_storage is None:
+        raise RuntimeError("this torch build cannot make a non-owning CUDA tensor")
+    out = torch.empty(0, dtype=dtype, device=device)
+    return out.set_(make_storage(address, device, nbytes), offset, shape, stride)
+
+
 def _alias(value: torch.Tensor, address: int, nbytes: int) -> torch.Tensor:
-    storage = torch._C._construct_storage_from_data_pointer(address, value.device, nbytes)
-    out = torch.empty(0, dtype=value.dtype, device=value.device)
-    return out.set_(storage, value.storage_offset(), value.shape, value.stride())
+    return non_owning_tensor(
+        address, nbytes, value.device, value.dtype, value.storage_offset(), value.shape,
+        value.stride(),
+    )
