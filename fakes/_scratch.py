@@ -37,7 +37,7 @@ from spec.errors import PoolClobber
 from ._allocator import Block, FakePool, WriteStamp
 from ._compat import no_python_dispatch
 from ._mode import _NO_MEMORY_TOUCHED, _accesses, _storage_bytes
-from ._ops import classify_op
+from ._ops import classify_op, flatten_tensors
 
 if TYPE_CHECKING:
     from ._device import FakeDevice
@@ -216,11 +216,11 @@ class _FreshStorages(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         inputs = {
             t.untyped_storage().data_ptr()
-            for t in _tensors((args, tuple((kwargs or {}).values())))
-            if t.layout == torch.strided
+            for t in flatten_tensors((args, tuple((kwargs or {}).values())))
+            if t is not None and t.layout == torch.strided
         }
-        for t in _tensors(out):
-            if t.device.type == "cpu" and t.layout == torch.strided:
+        for t in flatten_tensors(out):
+            if t is not None and t.device.type == "cpu" and t.layout == torch.strided:
                 ptr = t.untyped_storage().data_ptr()
                 if ptr not in inputs:
                     self.fresh.add(ptr)
@@ -236,11 +236,3 @@ def _extents(values: Sequence[Any]) -> dict[int, int]:
             ptr = t.untyped_storage().data_ptr()
             extents[ptr] = max(extents.get(ptr, 1), _storage_bytes(t))
     return extents
-
-
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for v in value:
-            yield from _tensors(v)
