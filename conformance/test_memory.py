@@ -257,19 +257,72 @@ def test_replay_after_an_external_input_died_raises(backend, device) -> None:
 @pytest.mark.clause("MEM-6", "MEM-3")
 @pytest.mark.capability("hazard_errors")
 def test_other_pools_memory_is_held_weakly(device) -> None:
+    """A read of another pool's block is safe while that pool keeps the block, whether or not
+    the tensor read is alive; once the pool is released (its graph gone), it is freed memory."""
     x = torch.ones(4, device=device.device)
     g1, g2 = device.CUDAGraph(), device.CUDAGraph()
     with device.graph(g1):
         a = x * 3
     with device.graph(g2):  # another private pool
         b = a + 1
+    del a  # its block stays with g1's pool, which hands it to no one
     g1.replay()
     g2.replay()
     assert torch.equal(b, _full(device, (4,), 4.0))
-    del a
+    del g1
+    gc.collect()
     with pytest.raises(FreedMemoryAccess):
         g2.replay()
-    g1.replay()  # g1's own pool memory stays usable
+
+
+@pytest.mark.clause("MEM-2", "RPL-1")
+def test_a_graph_reads_a_sibling_private_pools_output(device) -> None:
+    """Each segment of a breakable graph in a private pool of its own (an engine's choice):
+    the next segment reads the previous one's output, whose tensor may die after capture. Its
+    block stays with the first pool, which hands it to no later allocation, so replays read
+    what the first graph wrote."""
+    stream = device.Stream()
+    x = torch.zeros(8, device=device.device)
+    first, second = device.CUDAGraph(), device.CUDAGraph()
+    with device.graph(first, stream=stream):
+        a = x * 3
+    with device.graph(second, stream=stream):  # another private pool: a is outside it
+        out = a + 1
+    for start in (1.0, 5.0):
+        if start == 5.0:
+            del a  # the read memory's tensor dies; the block stays with the first pool
+            gc.collect()
+        host = torch.arange(8, dtype=torch.float32) + start
+        x.copy_(host)
+        first.replay()
+        second.replay()
+        assert out.cpu().tolist() == (host * 3 + 1).tolist(), f"inputs from {start}: {out}"
+
+
+@pytest.mark.clause("MEM-3", "MEM-2")
+@pytest.mark.capability("hazard_errors")
+def test_a_sibling_pools_block_handed_on_is_freed_memory(device) -> None:
+    """The hazard of the previous test: once the first pool hands the dead output's block to
+    another allocation (a capture sharing that pool), the second graph would read that
+    allocation's data."""
+    stream = device.Stream()
+    x = torch.ones(8, device=device.device)
+    first, second, third = device.CUDAGraph(), device.CUDAGraph(), device.CUDAGraph()
+    with device.graph(first, stream=stream):
+        a = x * 3
+    with device.graph(second, stream=stream):
+        out = a + 1
+    a_ptr = a.data_ptr()
+    del a
+    gc.collect()
+    with device.graph(third, pool=first.pool(), stream=stream):
+        b = x * 5
+    assert b.data_ptr() == a_ptr, "premise: the first pool hands a's block on"
+    first.replay()
+    third.replay()
+    with pytest.raises(FreedMemoryAccess):
+        second.replay()
+    del out
 
 
 @pytest.mark.clause("MEM-4", "MEM-8")
@@ -299,17 +352,17 @@ def test_three_graphs_replayed_out_of_order_clobber(backend, device) -> None:
     assert e.sum().item() == size * 5
 
 
-@pytest.mark.clause("MEM-6", "MEM-3")
-@pytest.mark.capability("hazard_errors")
+@pytest.mark.clause("MEM-2", "RPL-1")
 def test_three_graphs_in_private_pools(device) -> None:
-    # Without sharing, CUDA never re-uses c's memory, but c lives in g0's pool, outside g1's:
-    # the backend holds it weakly and names the read of freed memory (stricter than CUDA).
+    # Without sharing, nothing re-uses c's memory: c lives in g0's pool, outside g1's, and
+    # stays with g0's pool after it died, so every replay in capture order reads g0's write.
     t = _three_graphs(device, share=False)
-    t["g0"].replay()
-    with pytest.raises(FreedMemoryAccess):
+    for _ in range(2):
+        t["g0"].replay()
         t["g1"].replay()
-    t["g2"].replay()
-    assert t["f"].sum().item() == t["size"] * 7
+        t["g2"].replay()
+        assert t["e"].sum().item() == t["size"] * 5, f"e: got {t['e'].sum().item()}"
+        assert t["f"].sum().item() == t["size"] * 7, f"f: got {t['f'].sum().item()}"
 
 
 @pytest.mark.clause("MEM-8", "MEM-4")
@@ -379,3 +432,125 @@ def test_weak_ref_to_pool_memory(device) -> None:
     assert other.data_ptr() == handle_ptr, "premise: the block was handed out again"
     with pytest.raises(PoolClobber):
         device.resolve_weak_ref(handle)
+
+
+# ---------------------------------------------------------------------------------------------
+# Raw-pointer aliases: tensors on a storage built from a data pointer (non-owning)
+# ---------------------------------------------------------------------------------------------
+
+
+def _raw_alias(t: torch.Tensor, first: int = 0) -> torch.Tensor:
+    """Elements ``first..`` of contiguous ``t`` as a tensor on a storage built from their
+    address, which owns nothing: the non-owning alias engines make of graph outputs (vLLM's
+    ``weak_ref_tensor``)."""
+    size = t.element_size()
+    n = t.numel() - first
+    storage = torch._C._construct_storage_from_data_pointer(
+        t.data_ptr() + first * size, t.device, n * size
+    )
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, 0, (n,), (1,))
+
+
+@pytest.mark.clause("RPL-1", "MEM-5")
+def test_a_graph_reads_and_writes_pool_memory_through_a_raw_alias(device) -> None:
+    """A graph captured reading and writing another graph's output through a raw alias of its
+    address replays against that memory; the alias itself may die after capture (a graph
+    holds addresses)."""
+    pool = device.graph_pool_handle()
+    stream = device.Stream()  # captures sharing a pool share its stream too
+    x = torch.zeros(8, device=device.device)
+    producer, consumer = device.CUDAGraph(), device.CUDAGraph()
+    with device.graph(producer, pool=pool, stream=stream):
+        out = x * 2
+    tail = _raw_alias(out, 2)
+    with device.graph(consumer, pool=pool, stream=stream):
+        y = tail + 1  # reads out[2:]
+        tail.mul_(10)  # writes out[2:]
+    del tail
+    gc.collect()
+    for start in (1.0, 5.0):
+        host = torch.arange(8, dtype=torch.float32) + start
+        x.copy_(host)
+        producer.replay()
+        consumer.replay()
+        assert y.cpu().tolist() == (host[2:] * 2 + 1).tolist(), f"inputs from {start}: {y}"
+        expected = torch.cat([host[:2] * 2, host[2:] * 20])
+        assert out.cpu().tolist() == expected.tolist(), f"inputs from {start}: {out}"
+
+
+@pytest.mark.clause("MEM-4", "MEM-8")
+@pytest.mark.capability("hazard_errors")
+def test_a_read_through_a_raw_alias_of_a_block_handed_on_is_a_clobber(device) -> None:
+    """A raw alias is the block's memory: a graph reading a dead output through one, after a
+    capture sharing the pool took the block and wrote it, reads the other allocation's data,
+    however long the alias itself lives."""
+    pool = device.graph_pool_handle()
+    stream = device.Stream()
+    x = torch.ones(8, device=device.device)
+    g1, g2, g3 = device.CUDAGraph(), device.CUDAGraph(), device.CUDAGraph()
+    with device.graph(g1, pool=pool, stream=stream):
+        t = x * 2
+    alias = _raw_alias(t, 2)  # kept alive throughout: it owns nothing
+    with device.graph(g2, pool=pool, stream=stream):
+        y = alias + 1
+    t_ptr = t.data_ptr()
+    del t
+    gc.collect()
+    with device.graph(g3, pool=pool, stream=stream):
+        z = x * 3
+    assert z.data_ptr() == t_ptr, "premise: g3 re-uses t's freed block"
+    g1.replay()
+    g2.replay()
+    assert torch.equal(y, _full(device, (6,), 3.0))
+    g3.replay()
+    with pytest.raises(PoolClobber):
+        g2.replay()
+    del alias, y, z
+
+
+@pytest.mark.clause("MEM-3", "MEM-6")
+@pytest.mark.capability("hazard_errors")
+def test_a_raw_alias_into_a_released_pool_is_freed_memory(device) -> None:
+    x = torch.ones(8, device=device.device)
+    g1, g2 = device.CUDAGraph(), device.CUDAGraph()
+    with device.graph(g1):
+        t = x * 2
+    alias = _raw_alias(t)
+    with device.graph(g2):  # another private pool
+        y = alias + 1
+    del t
+    g1.replay()
+    g2.replay()  # g1's pool keeps the block
+    assert torch.equal(y, _full(device, (8,), 3.0))
+    del g1  # its pool, and the memory, go
+    gc.collect()
+    with pytest.raises(FreedMemoryAccess):
+        g2.replay()
+    del alias
+
+
+@pytest.mark.clause("DEV-6", "MEM-3", "MEM-4")
+@pytest.mark.capability("hazard_errors")
+def test_weak_ref_through_a_raw_alias_follows_the_block(device) -> None:
+    x = torch.ones(16, device=device.device)
+    pool = device.graph_pool_handle()
+    g1, g2 = device.CUDAGraph(), device.CUDAGraph()
+    with device.graph(g1, pool=pool):
+        out = x * 2
+    alias = _raw_alias(out, 4)
+    handle = device.weak_ref_tensor(alias)
+    out_ptr = out.data_ptr()
+    g1.replay()
+    resolved = device.resolve_weak_ref(handle)
+    assert resolved.data_ptr() == alias.data_ptr() and resolved.shape == alias.shape
+    assert torch.equal(resolved, _full(device, (12,), 2.0))
+    del resolved, out
+    gc.collect()
+    with pytest.raises(FreedMemoryAccess):  # the alias lives, the allocation it shows died
+        device.resolve_weak_ref(handle)
+    with device.graph(g2, pool=pool):
+        other = x * 5  # gets the freed block
+    assert other.data_ptr() == out_ptr, "premise: the block was handed out again"
+    with pytest.raises(PoolClobber):
+        device.resolve_weak_ref(handle)
+    del alias

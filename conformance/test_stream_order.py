@@ -91,6 +91,30 @@ def test_write_after_another_streams_write_races(device: Any, streams: Any) -> N
 
 @needs_order
 @pytest.mark.clause("ORD-1")
+def test_a_raw_alias_of_pool_memory_is_that_memory(device: Any, streams: Any) -> None:
+    """A write through a raw-pointer alias of a graph's output (a tensor on a storage built
+    from its data pointer, owning nothing) writes the output's memory: reading the output on
+    another stream races with it."""
+    _, a, b = streams
+    x = _vector(device)
+    graph = device.CUDAGraph()
+    with device.graph(graph):
+        out = x * 2
+    storage = torch._C._construct_storage_from_data_pointer(
+        out.data_ptr(), out.device, out.untyped_storage().nbytes()
+    )
+    alias = torch.empty(0, device=device.device).set_(storage, 0, out.shape, out.stride())
+    with device.stream(a):
+        alias.fill_(5.0)
+    with device.stream(b), pytest.raises(spec.StreamRace):
+        out * 1
+    b.wait_stream(a)
+    with device.stream(b):
+        assert (out * 1).tolist() == [5.0] * 4
+
+
+@needs_order
+@pytest.mark.clause("ORD-1")
 def test_same_stream_and_fresh_memory_never_race(device: Any, streams: Any) -> None:
     _, a, _ = streams
     with device.stream(a):

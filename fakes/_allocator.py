@@ -11,7 +11,8 @@ re-use of the memory is told apart from a write to the same tensor.
 
 A *pool* owns its blocks for as long as it lives; graphs captured into a pool, pool tokens from
 ``graph_pool_handle()``, and live tenants keep it alive. Nothing in here holds a strong reference
-back to a graph or to a device, so pools die by reference counting alone.
+back to a graph or to a device, so pools die by reference counting alone. A block knows its pool
+weakly: once the pool is gone its memory counts as released, whoever still holds the block.
 """
 
 from __future__ import annotations
@@ -118,14 +119,16 @@ class Block:
         "id",
         "last_write",
         "pool_id",
+        "pool_ref",
         "size",
         "storage",
         "tenant",
     )
 
-    def __init__(self, pool_id: int, size: int) -> None:
+    def __init__(self, pool: FakePool, size: int) -> None:
         self.id = next(_block_ids)
-        self.pool_id = pool_id
+        self.pool_id = pool.id
+        self.pool_ref = weakref.ref(pool)  # the pool owns the block, not the other way round
         self.size = size
         self._mem = bytearray(size + _ALIGN)
         addr = torch.frombuffer(self._mem, dtype=torch.uint8, count=1).data_ptr()
@@ -158,7 +161,10 @@ class Block:
 
 
 class WeakMemory:
-    """A non-owning handle to a storage outside the graph's pool (what CUDA holds: an address)."""
+    """A non-owning handle to a storage outside the graph's pool (what CUDA holds: an address).
+
+    :meth:`resolve` gives the storage to replay on, or ``None`` once the memory is no longer
+    the one recorded (then :meth:`gone` says why)."""
 
     __slots__ = ("_ref", "label")
 
@@ -169,8 +175,43 @@ class WeakMemory:
     def resolve(self) -> torch.UntypedStorage | None:
         return self._ref()
 
+    def gone(self) -> str | None:
+        """Why :meth:`resolve` fails, where more can be said than "freed"."""
+        return None
+
     def __repr__(self) -> str:
         return f"<{self.label}>"
+
+
+class WeakBlock(WeakMemory):
+    """A non-owning handle to allocation ``gen`` of a block of another pool than the graph's.
+
+    On CUDA the memory of a freed block stays with its pool, which hands it only to a later
+    allocation of that pool; so the handle resolves (to the pool's own storage of the block)
+    for as long as the block's pool lives and the block was not handed to another allocation,
+    whether or not a tensor of allocation ``gen`` is still alive."""
+
+    __slots__ = ("_block", "_gen")
+
+    def __init__(self, block: Block, gen: int) -> None:
+        # The base's storage reference would be the block's own storage, which lives as long
+        # as the block: the pool's life is what tells whether the memory is still reserved.
+        self._ref = block.pool_ref  # type: ignore[assignment]
+        self.label = block.describe(gen)
+        self._block = block
+        self._gen = gen
+
+    def resolve(self) -> torch.UntypedStorage | None:
+        if self._ref() is None or self._block.gen != self._gen:
+            return None
+        return self._block.storage
+
+    def gone(self) -> str | None:
+        if self._ref() is None:
+            return "its pool was released"
+        if self._block.gen != self._gen:
+            return f"the block was handed to allocation {self._block.gen} since"
+        return None
 
 
 def external_label(storage: torch.UntypedStorage) -> str:
@@ -187,7 +228,8 @@ class MemRef:
     """The memory one recorded operand touches: where, and with which geometry.
 
     ``block`` is the pool block (``None`` for memory outside every fake pool) and ``gen`` the
-    block's allocation at capture. ``weak`` is set when the recording graph must not keep the
+    block's allocation at capture; ``offset`` counts elements from the start of the block (of
+    the storage, outside pools). ``weak`` is set when the recording graph must not keep the
     memory alive (outside its own pool); replay resolves it and fails if it is gone.
     """
 
@@ -244,7 +286,7 @@ class FakePool:
             _, block_id = self._free.pop(i)
             block = self._by_id[block_id]
         else:
-            block = Block(self.id, size)
+            block = Block(self, size)
             self._blocks.append(block)
             self._by_id[block.id] = block
         block.gen += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import itertools
 import threading
@@ -28,7 +29,7 @@ from spec.protocol import CaptureErrorMode, GraphState, check_capture_error_mode
 from ._allocator import Block, FakePool, external_label
 from ._compat import no_python_dispatch, remove_dispatch_mode
 from ._graph import FakeCUDAGraph, Program
-from ._mode import StreamOrderMode
+from ._mode import StreamOrderMode, _storage_bytes
 from ._scratch import FakeCaptureScratch
 from ._streams import Capture, FakeEvent, FakeStream, StreamOrder
 
@@ -68,26 +69,29 @@ class WeakTensorRef:
     """A non-owning handle to a tensor's memory and geometry (``FakeDevice.weak_ref_tensor``).
 
     It keeps nothing alive. ``FakeDevice.resolve_weak_ref`` turns it back into a tensor while
-    the memory is live.
+    the memory is live. Memory of a pool block is remembered as the block's allocation (its
+    tenant, at an offset from the block's start, even for a tensor on a raw-pointer alias);
+    other memory as the tensor's storage.
     """
 
     __slots__ = ("_block", "_gen", "_label", "_storage", "dtype", "offset", "shape", "stride")
 
-    def __init__(self, tensor: torch.Tensor, block: Block | None) -> None:
+    def __init__(self, tensor: torch.Tensor, located: tuple[Block, int] | None) -> None:
         storage = tensor.untyped_storage()
-        self._block = block
-        self._gen = block.gen if block is not None else 0
-        self._storage = weakref.ref(storage)
-        self._label = block.describe() if block is not None else external_label(storage)
-        self.offset = tensor.storage_offset()
+        self._block = located[0] if located is not None else None
+        self._gen = self._block.gen if self._block is not None else 0
+        self._storage = None if self._block is not None else weakref.ref(storage)
+        self._label = (
+            self._block.describe() if self._block is not None else external_label(storage)
+        )
+        # Elements from the start of the block, or of the storage.
+        self.offset = tensor.storage_offset() + (located[1] if located is not None else 0)
         self.shape = tuple(tensor.shape)
         self.stride = tuple(tensor.stride())
         self.dtype = tensor.dtype
 
     def __repr__(self) -> str:
         return f"<weak ref to {self._label}: {list(self.shape)} {self.dtype}>"
-
-
 
 
 class FakeDevice:
@@ -117,6 +121,14 @@ class FakeDevice:
     .. note:: A capture error (``SyncDuringCapture``, ``UnsupportedInCapture``, ...) aborts the
        capture at once: the device is clean right away (``CAP-1``), later ops of the captured
        code run eagerly, and ``capture_end()`` raises the error again.
+
+    .. note:: Memory is known by address, as CUDA knows it: a tensor on a storage built from a
+       pool block's data pointer (a raw-pointer alias, such as an engine's non-owning
+       ``weak_ref_tensor``) is that block's memory for recording, hazard checks, weak
+       references and stream order. A graph reading a block of another pool holds it by that
+       pool: the read is safe while the pool keeps the block, even after the block's tensors
+       died, and ``FreedMemoryAccess`` once the block went to another allocation or the pool
+       was released.
 
     .. note:: A capturing stream (or a stream forked into the capture) that waits on an event
        recorded outside the capture (before it began, or on a stream not part of it) invalidates
@@ -150,7 +162,10 @@ class FakeDevice:
         self._side: FakeStream | None = None
         self._tls = threading.local()
         self._capture: Capture | None = None
+        # Every block of the device's pools by start address, and the starts sorted, for
+        # attributing a raw-pointer alias to the block its address lies in (_block_at).
         self._blocks: weakref.WeakValueDictionary[int, Block] = weakref.WeakValueDictionary()
+        self._starts: list[int] = []
         self._pools: weakref.WeakSet[FakePool] = weakref.WeakSet()
         self._serials = itertools.count(1)
         self._captures = 0
@@ -301,7 +316,7 @@ class FakeDevice:
         """A handle to ``tensor``'s memory and geometry that keeps nothing alive (``DEV-6``)."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
-        return WeakTensorRef(tensor, self._block_of(tensor.untyped_storage()))
+        return WeakTensorRef(tensor, self._locate(tensor))
 
     def resolve_weak_ref(self, handle: WeakTensorRef) -> torch.Tensor:
         """The tensor behind ``handle``, owning its memory while held (resolve right before use).
@@ -319,7 +334,11 @@ class FakeDevice:
                 expected=f"allocation {handle._gen}",
                 found=f"allocation {block.gen}",
             )
-        storage = handle._storage()
+        if block is not None:
+            storage = block.tenant_storage()  # the allocation's, whatever storage was aliased
+        else:
+            assert handle._storage is not None
+            storage = handle._storage()
         if storage is None:
             raise FreedMemoryAccess(handle._label)
         with no_python_dispatch():
@@ -362,12 +381,8 @@ class FakeDevice:
 
     def _memory_of(self, tensor: torch.Tensor) -> Any:
         """What stream order keys ``tensor``'s memory by: its pool block, or its storage."""
-        storage = tensor.untyped_storage()
-        block = self._blocks.get(storage.data_ptr())
-        # A scratch alias views the pool's own storage of the block: the same memory.
-        if block is not None and (block.tenant_storage() is storage or block.storage is storage):
-            return block
-        return storage
+        located = self._locate(tensor)
+        return located[0] if located is not None else tensor.untyped_storage()
 
     def _check_stream(self, stream: Any, param: str) -> None:
         if not isinstance(stream, FakeStream) or stream._device is not self:
@@ -380,13 +395,55 @@ class FakeDevice:
         return pool
 
     def _register_block(self, block: Block) -> None:
-        self._blocks[block.data_ptr] = block
+        """Make ``block`` (just handed out by one of this device's pools) known by address."""
+        start = block.data_ptr
+        if self._blocks.get(start) is block:
+            return
+        self._blocks[start] = block
+        starts = self._starts
+        if len(starts) >= 2 * len(self._blocks) + 64:
+            # Starts of dead blocks (their pools released) pile up; drop them now and then.
+            self._starts = sorted(self._blocks.keys())
+        else:
+            i = bisect.bisect_left(starts, start)
+            if i == len(starts) or starts[i] != start:
+                self._starts = [*starts[:i], start, *starts[i:]]
 
-    def _block_of(self, storage: torch.UntypedStorage) -> Block | None:
-        block = self._blocks.get(storage.data_ptr())
-        if block is not None and block.tenant_storage() is storage:
-            return block
+    def _block_at(self, address: int) -> Block | None:
+        """The live block of this device whose memory holds byte ``address``, if any."""
+        starts = self._starts  # replaced, never changed in place: safe to read from any thread
+        i = bisect.bisect_right(starts, address) - 1
+        while i >= 0:
+            block = self._blocks.get(starts[i])
+            if block is not None:
+                # Live blocks never overlap: none further down reaches this one's start.
+                return block if address < starts[i] + block.size else None
+            i -= 1  # a dead block's start; a live block that begins below it may hold address
         return None
+
+    def _locate(self, tensor: torch.Tensor) -> tuple[Block, int] | None:
+        """The pool block ``tensor``'s memory lies in, and the element offset of its storage's
+        start from the block's start; ``None`` for memory outside every block of the device.
+
+        A tensor on a block's tenant storage, or on the pool's own storage of the block (a
+        scratch alias), is that block's. So is a tensor on any other storage whose address
+        range lies inside a block, live or freed: a raw-pointer alias of pool memory (a storage
+        built from a data pointer), which CUDA sees as the same memory. Such an alias whose
+        start is not a whole number of elements from the block's start, or that reaches past
+        the block's end, stays memory of its own."""
+        storage = tensor.untyped_storage()
+        address = storage.data_ptr()
+        block = self._blocks.get(address)
+        if block is not None and (block.tenant_storage() is storage or block.storage is storage):
+            return block, 0
+        block = self._block_at(address)
+        if block is None:
+            return None
+        start = address - block.data_ptr
+        elements, misaligned = divmod(start, tensor.element_size())
+        if misaligned or start + _storage_bytes(tensor) > block.size:
+            return None
+        return block, elements
 
     def _program_of(self, graph: FakeCUDAGraph) -> Program:
         if not isinstance(graph, FakeCUDAGraph) or graph._device is not self:

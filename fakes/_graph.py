@@ -7,7 +7,9 @@ exception in the captured code aborted the capture; ``reset()`` before capturing
 Replay, in order:
 
 1. resolves the memory the graph holds weakly (outside its pool); a dead owner raises
-   ``FreedMemoryAccess`` (``MEM-3``) before anything runs;
+   ``FreedMemoryAccess`` (``MEM-3``) before anything runs. For a block of another pool the
+   owner is that pool, as on CUDA: the read allocation's tensors may have died, but the block
+   must not have been handed to another allocation, nor its pool released;
 2. checks each *entry read* (a read of pool memory that no earlier op of the same graph wrote)
    against the block's last writer; a write made for another allocation of the block raises
    ``PoolClobber`` (``MEM-4``, precise rule in ``MEM-8``) before anything runs;
@@ -108,7 +110,7 @@ class Program:
         for weak, op_name in self.weak:
             storage = weak.resolve()
             if storage is None:
-                raise FreedMemoryAccess(weak.label, op_name)
+                raise FreedMemoryAccess(weak.label, op_name, detail=weak.gone())
             alive[weak] = storage
         for read, op in self.entry_reads:
             ref = self.refs[read.ref]

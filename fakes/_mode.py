@@ -32,7 +32,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from spec.errors import SyncDuringCapture, UnsupportedInCapture
 
-from ._allocator import MemRef, WeakMemory, WriteStamp, describe_memory, external_label
+from ._allocator import (
+    MemRef,
+    WeakBlock,
+    WeakMemory,
+    WriteStamp,
+    describe_memory,
+    external_label,
+)
 from ._compat import no_python_dispatch
 from ._ops import (
     OpInfo,
@@ -168,6 +175,7 @@ class Recorder:
         self.refs: list[MemRef] = []
         self._ref_index: dict[MemRef, int] = {}
         self._weak: dict[int, WeakMemory] = {}
+        self._weak_blocks: dict[tuple[int, int], WeakMemory] = {}
         self.constants: list[torch.Tensor] = []
         # (block, previous last_write) for every capture-time write, undone if the capture aborts
         self.undo: list[tuple[Block, WriteStamp | None]] = []
@@ -181,24 +189,35 @@ class Recorder:
             self._weak[id(storage)] = known
         return known
 
+    def _weak_block(self, block: Block) -> WeakMemory:
+        known = self._weak_blocks.get((block.id, block.gen))
+        if known is None:
+            known = self._weak_blocks[(block.id, block.gen)] = WeakBlock(block, block.gen)
+        return known
+
     def memref(self, t: torch.Tensor) -> int:
-        """Index of the memory reference for tensor ``t`` (added to the table if new)."""
-        storage = t.untyped_storage()
-        block = self.device._block_of(storage)
+        """Index of the memory reference for tensor ``t`` (added to the table if new).
+
+        Memory of a pool block, reached through any storage (a tenant, a raw-pointer alias),
+        is recorded as the block at an offset from its start; memory of another pool than the
+        capture's is held weakly, by its pool and allocation (:class:`WeakBlock`), memory
+        outside every pool weakly by its storage."""
         pool = self.capture.pool
         assert pool is not None
-        if block is None:
-            weak: WeakMemory | None = self._weak_memory(storage, external_label(storage))
+        located = self.device._locate(t)
+        if located is None:
+            storage = t.untyped_storage()
+            block = None
             gen = 0
+            offset = t.storage_offset()
+            weak: WeakMemory | None = self._weak_memory(storage, external_label(storage))
         else:
+            block, start = located
             gen = block.gen
+            offset = start + t.storage_offset()
             # Memory of another pool is not this graph's to keep: held weakly, like external.
-            weak = None if block.pool_id == pool.id else self._weak_memory(
-                storage, block.describe(gen)
-            )
-        ref = MemRef(
-            block, gen, weak, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype
-        )
+            weak = None if block.pool_id == pool.id else self._weak_block(block)
+        ref = MemRef(block, gen, weak, offset, tuple(t.shape), tuple(t.stride()), t.dtype)
         index = self._ref_index.get(ref)
         if index is None:
             index = len(self.refs)

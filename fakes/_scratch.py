@@ -102,19 +102,25 @@ class FakeCaptureScratch:
         """For each value, a non-owning alias if it is a scratch tensor, else ``None``."""
         out: list[torch.Tensor | None] = []
         for value in values:
-            block = None
-            if isinstance(value, torch.Tensor):
-                block = self._device._block_of(value.untyped_storage())
+            located = None
+            if isinstance(value, torch.Tensor) and value.layout == torch.strided:
+                # By address, as CUDA's tracker finds blocks: a raw-pointer alias of a block
+                # is that block's memory.
+                located = self._device._locate(value)
+            if located is None:
+                out.append(None)
+                continue
+            block, start = located
             if (
-                block is None
-                or block.pool_id != self._pool_id
+                block.pool_id != self._pool_id
+                or block.tenant_storage() is None
                 or (block.id, block.gen) in self._before
             ):
                 out.append(None)
                 continue
             with no_python_dispatch():
                 alias = torch.empty(0, dtype=value.dtype).set_(
-                    block.storage, value.storage_offset(), value.shape, value.stride()
+                    block.storage, start + value.storage_offset(), value.shape, value.stride()
                 )
             self._aliased[id(alias)] = (alias, block, block.gen)
             out.append(alias)

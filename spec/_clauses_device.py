@@ -42,8 +42,12 @@ define(
         ("MEM-5", """A graph's replays may read and write pool memory whose capture-time tensors
             died: the graph keeps its pool alive."""),
         ("MEM-6", """A graph holds memory outside its own pool (tensors made outside capture,
-            blocks of other pools) weakly: it keeps none of it alive, and a replay after the
-            owner died raises FreedMemoryAccess before running anything."""),
+            blocks of other pools) weakly: it keeps none of it alive. A replay after a tensor
+            made outside capture died, or after a block of another pool was handed to another
+            allocation or its pool released, raises FreedMemoryAccess before running anything;
+            a block of another pool whose tensor died but which its pool still reserves is read
+            as it is, as on CUDA. A tensor built over a block's address (a storage from its data
+            pointer) is that block."""),
         ("MEM-7", """Graphs captured in sequence into one pool and replayed in capture order,
             with eager code between them that reads earlier graphs' outputs and writes tensors
             later graphs read, never raise PoolClobber or FreedMemoryAccess for their

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import types
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 import impl
 import spec
 from conformance import OpLog
+from conformance._scenarios import fork_across_break
 from impl import (
     BreakableCUDAGraph,
     BreakableCUDAGraphCapture,
@@ -199,6 +201,31 @@ def test_replay_ids_grow_by_one_per_replay(device) -> None:
     assert seen[0] == seen[1] and seen[2] == seen[3] and seen[2] == seen[0] + 1, (
         f"replay ids {seen}: expected one id per replay, growing by one"
     )
+
+
+class _PrivatePoolPerSegment(BreakableCUDAGraphCapture):
+    """An engine's breakable capture that gives each segment a private pool of its own (no
+    ``pool=`` passed down) instead of one pool for all segments."""
+
+    def _begin_segment(self) -> None:
+        segment = self.graph._new_segment()
+        ctx = self.device.graph(
+            segment, stream=self.stream, capture_error_mode=self.capture_error_mode
+        )
+        ctx.__enter__()
+        self._open_segment = ctx
+
+
+def test_segments_in_private_pools_read_each_others_outputs(device) -> None:
+    # Segment 1 reads a tensor segment 0 allocated in its own pool, dead after the capture:
+    # its block stays with segment 0's pool (on CUDA as on the fake), so replays are correct.
+    api = types.SimpleNamespace(
+        BreakableCUDAGraph=BreakableCUDAGraph,
+        BreakableCUDAGraphCapture=_PrivatePoolPerSegment,
+        eager_on_graph=eager_on_graph,
+    )
+    ctx = types.SimpleNamespace(device=device, breakable=api)
+    assert fork_across_break(ctx, "reference") == {"segments": 2, "breaks": 1}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -192,3 +192,75 @@ def test_a_capture_aborted_by_an_op_leaves_the_stack_at_its_own_end(
     assert _modes() == base
     g.reset()
     assert g.state == spec.GraphState.EMPTY
+
+
+def _raw_alias(t: torch.Tensor, byte_offset: int, dtype: torch.dtype, n: int) -> torch.Tensor:
+    """``n`` elements of ``dtype`` from ``byte_offset`` bytes into ``t``'s memory, on a storage
+    built from the address (owning nothing)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    storage = torch._C._construct_storage_from_data_pointer(
+        t.data_ptr() + byte_offset, t.device, n * size
+    )
+    return torch.empty(0, dtype=dtype).set_(storage, 0, (n,), (1,))
+
+
+def test_a_raw_alias_is_its_block_at_any_whole_element_offset(device: fakes.FakeDevice) -> None:
+    # Bytes 5..12 of a float32 output, as uint8: attributed to the output's block (not held
+    # by the alias's storage), so the replay after the alias died reads the output's memory.
+    x = torch.zeros(8)
+    pool = device.graph_pool_handle()
+    producer, consumer = device.CUDAGraph(), device.CUDAGraph()
+    with device.graph(producer, pool=pool):
+        out = x + 1
+    alias = _raw_alias(out, 5, torch.uint8, 8)
+    with device.graph(consumer, pool=pool):
+        copied = alias + 0
+    del alias
+    gc.collect()
+    x.fill_(2.0)
+    producer.replay()
+    consumer.replay()
+    assert copied.tolist() == out.view(torch.uint8)[5:13].tolist()
+
+
+def test_a_raw_alias_is_found_among_many_dead_blocks(device: fakes.FakeDevice) -> None:
+    # Pools come and go: the address lookup forgets dead blocks (now and then) and skips those
+    # it still lists, and keeps finding live ones.
+    x = torch.ones(8)
+    for _ in range(40):
+        g = device.CUDAGraph()
+        with device.graph(g):
+            (x * 2).sum()
+        del g
+    gc.collect()
+    pool = device.graph_pool_handle()
+    producer, consumer = device.CUDAGraph(), device.CUDAGraph()
+    with device.graph(producer, pool=pool):
+        out = x * 3
+    alias = _raw_alias(out, 4, torch.float32, 7)
+    with device.graph(consumer, pool=pool):
+        y = alias * 2
+    del alias
+    gc.collect()
+    producer.replay()
+    consumer.replay()
+    assert y.tolist() == [6.0] * 7
+
+
+def test_stream_order_and_scratch_see_a_raw_alias_as_its_block(device: fakes.FakeDevice) -> None:
+    pool = device.graph_pool_handle()
+    x = torch.ones(4)
+    scratch = device.capture_scratch(pool)  # made before the output's block is handed out
+    g = device.CUDAGraph()
+    with device.graph(g, pool=pool):
+        out = x * 2
+    alias = _raw_alias(out, 4, torch.float32, 3)
+    held = scratch.aliases([alias])[0]
+    assert held is not None, "a raw alias of the capture's own output is scratch"
+    assert held.data_ptr() == alias.data_ptr() and held.shape == alias.shape
+    a, b = device.Stream(), device.Stream()
+    with device.stream(a):
+        held.fill_(7.0)  # the pool's own alias of the block
+    with device.stream(b), pytest.raises(spec.StreamRace):
+        alias * 1
+    del held, alias, out, g, scratch
