@@ -8,8 +8,16 @@ worst of its tests' outcomes at that level, in the order ``fail`` > ``xfail`` > 
 ``pass`` > ``skip``; ``untested``: no test of that level ran for it; ``n/a``: the clause has no
 part at that level; ``not run``: the run did not select that level (``--level``).
 
-A test that names several clauses may say which one broke by raising :class:`ClauseViolation`:
-that clause alone fails; the test's other clauses are ``skip`` (not concluded) for that test.
+A clause level's reasons are those of its tests that did not pass, worst first, so the first is
+always one of the tests that decided its status; a test's ``skip`` reason is shown only where
+the level's status is ``skip`` (a sibling test's skip says nothing about a clause that failed).
+
+A test that names several clauses may say which one broke by raising :class:`ClauseViolation`
+(or a group of them: hypothesis raises an ``ExceptionGroup`` when it finds several distinct
+failures): those clauses alone fail, each with its violation's message as the reason; the test's
+other clauses are ``skip`` (not concluded) for that test, since their checks did not run on the
+failing example. A failure that is anything else (also a group with any other member) fails
+every clause the test names.
 """
 
 from __future__ import annotations
@@ -62,8 +70,10 @@ class ClauseViolation(AssertionError):
 class TestOutcome:
     """What one test said about its clauses on one backend, at its level.
 
-    ``broken`` holds the clauses that :class:`ClauseViolation` named, if the test raised any:
-    then ``outcome`` holds for those clauses and the test's other clauses are not concluded.
+    ``broken`` holds the clauses that :class:`ClauseViolation` named, if the test's failure was
+    made only of violations: then ``outcome`` holds for those clauses and the test's other
+    clauses are not concluded. ``clause_reasons`` gives, per clause, the reason that replaces
+    ``reason`` for it (a broken clause's own violation message).
     """
 
     __test__ = False  # not a pytest test class
@@ -74,6 +84,7 @@ class TestOutcome:
     reason: str = ""
     level: Level = "core"
     broken: tuple[str, ...] = ()
+    clause_reasons: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -107,12 +118,18 @@ class ClauseStatus:
         return max(ranked, key=_RANK.__getitem__) if ranked else "untested"
 
 
-def _record(entry: LevelStatus, outcome: TestResult, line: str) -> None:
+def _record(entry: LevelStatus, outcome: TestResult) -> None:
     entry.tests += 1
     if entry.status in _NON_RESULTS or _RANK[outcome] > _RANK[entry.status]:
         entry.status = outcome
-    if outcome != "pass":
-        entry.reasons.append(line)
+
+
+def _reasons(status: str, lines: list[tuple[TestResult, str]]) -> list[str]:
+    """The reasons one clause level shows, from its tests' ``(outcome, line)``: every non-pass,
+    worst first (so ``reasons[0]`` is one that decided ``status``), skips only when ``status``
+    is ``skip``."""
+    kept = [(o, line) for o, line in lines if o != "pass" and (o != "skip" or status == "skip")]
+    return [line for _, line in sorted(kept, key=lambda pair: -_RANK[pair[0]])]
 
 
 def fold(
@@ -133,14 +150,23 @@ def fold(
             elif lv not in clause.levels:
                 status.level(lv).status = "n/a"
         result[cid] = status
+    # Reasons are chosen once every test is in: which ones show depends on the final status.
+    lines: dict[tuple[str, Level], list[tuple[TestResult, str]]] = {}
     for out in outcomes:
+        own = dict(out.clause_reasons)
         for cid in out.clauses:
             entry = result.setdefault(cid, ClauseStatus()).level(out.level)
             if out.broken and cid not in out.broken:
-                failed_on = ", ".join(out.broken)
-                _record(entry, "skip", f"skip: {out.nodeid}: not concluded: failed on {failed_on}")
-                continue
-            _record(entry, out.outcome, f"{out.outcome}: {out.nodeid}: {out.reason}".rstrip(": "))
+                outcome: TestResult = "skip"
+                line = f"skip: {out.nodeid}: not concluded: failed on {', '.join(out.broken)}"
+            else:
+                outcome = out.outcome
+                line = f"{outcome}: {out.nodeid}: {own.get(cid, out.reason)}".rstrip(": ")
+            _record(entry, outcome)
+            lines.setdefault((cid, out.level), []).append((outcome, line))
+    for (cid, lv), found in lines.items():
+        entry = result[cid].level(lv)
+        entry.reasons = _reasons(entry.status, found)
     return result
 
 
@@ -208,7 +234,14 @@ def _markdown(data: dict) -> str:
     for cid, meta in data["clauses"].items():
         cells = [_cell(data, b, cid, lv) for b in backends for lv in LEVELS]
         lines.append(f"| {cid} | {meta['topic']} | " + " | ".join(cells) + " |")
-    lines += ["", "## Reasons for every non-pass", ""]
+    lines += [
+        "",
+        "## Reasons",
+        "",
+        "Every test of a clause level that did not pass, worst first; skips only where the level "
+        "is `skip`.",
+        "",
+    ]
     for b in backends:
         for cid, st in data["backends"][b].items():
             for lv in LEVELS:

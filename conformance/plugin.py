@@ -14,7 +14,7 @@ from __future__ import annotations
 import fnmatch
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -45,8 +45,11 @@ level_key = pytest.StashKey[str]()
 """``item.stash[level_key]``: the test's level, ``"strict"`` if marked so, else ``"core"``."""
 phase_reports_key = pytest.StashKey[dict[str, pytest.TestReport]]()
 """``item.stash[phase_reports_key]``: the test's report per phase (setup, call, teardown)."""
-broken_key = pytest.StashKey[tuple[str, ...]]()
-"""``item.stash[broken_key]``: the clauses a failing test named in a ``ClauseViolation``."""
+Violations = tuple[tuple[str, str], ...]
+"""``(clause id, message)`` per ``ClauseViolation`` that one error is made of."""
+failures_key = pytest.StashKey[dict[str, Violations | None]]()
+"""``item.stash[failures_key]``: per phase that failed or xfailed, the clause violations its error
+is made of, or ``None`` when it is not made only of violations (it fails every clause)."""
 
 
 class ConformanceState:
@@ -343,12 +346,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = selected
 
 
+def _failure_line(report: pytest.TestReport) -> str:
+    """What made a failed phase fail, in one line: the exception line pytest's short summary
+    shows (``AssertionError: message``), else the report's last line (``[XPASS(strict)] ...``).
+    Not the traceback's last line: that is where it was raised, not what was raised."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = str(getattr(crash, "message", "")).strip()
+    if message:
+        return message.splitlines()[0]
+    lines = report.longreprtext.strip().splitlines()
+    return lines[-1] if lines else "failed"
+
+
 def _fold(reports: dict[str, pytest.TestReport]) -> tuple[TestResult, str]:
     """One outcome per test from its phase reports: a failed phase wins, then skip, xfail."""
     for report in reports.values():
         if report.failed:
-            lines = report.longreprtext.strip().splitlines()
-            return "fail", f"{report.when}: {lines[-1] if lines else 'failed'}"
+            return "fail", f"{report.when}: {_failure_line(report)}"
     for report in reports.values():
         if report.skipped:
             if hasattr(report, "wasxfail"):
@@ -362,19 +376,42 @@ def _fold(reports: dict[str, pytest.TestReport]) -> tuple[TestResult, str]:
     return "pass", ""
 
 
-def _violated_clauses(error: BaseException) -> tuple[str, ...]:
-    """The clauses ``error`` names: a ``ClauseViolation``'s, or those of a group (hypothesis
-    reports several distinct failures as one) made only of violations; ``()`` otherwise."""
+def _violations(error: BaseException | None) -> Violations | None:
+    """The ``ClauseViolation``s ``error`` is made of, as ``(clause, message)``: the violation
+    itself, or every member of an exception group (hypothesis reports several distinct failures
+    as one; groups may nest) when all members are violations. ``None`` for any other error, a
+    group with any other member, or no error at all."""
     from ._report import ClauseViolation
 
     if isinstance(error, ClauseViolation):
-        return (error.clause,)
+        lines = str(error).strip().splitlines()
+        return ((error.clause, lines[0] if lines else error.clause),)
     members = getattr(error, "exceptions", None)  # an ExceptionGroup (3.11+ or the backport)
-    if isinstance(members, tuple):
-        found = [_violated_clauses(e) for e in members]
-        if found and all(found):
-            return tuple(dict.fromkeys(c for group in found for c in group))
-    return ()
+    if isinstance(members, tuple) and members:
+        found = [_violations(e) for e in members]
+        if all(v is not None for v in found):
+            return tuple(pair for v in found if v is not None for pair in v)
+    return None
+
+
+def _attribute(
+    failures: Mapping[str, Violations | None], clauses: tuple[str, ...]
+) -> dict[str, str] | None:
+    """Which of the test's ``clauses`` its failed phases broke, each with its violations'
+    messages; ``None`` (the failure is every clause's) when a failed phase's error is not made
+    only of violations, or a violation names a clause the test does not name (pinning that
+    failure on the clauses it names would drop it from the report)."""
+    if not failures:
+        return None
+    broken: dict[str, list[str]] = {}
+    for found in failures.values():
+        if found is None:
+            return None
+        for clause, message in found:
+            if clause not in clauses:
+                return None
+            broken.setdefault(clause, []).append(message)
+    return {clause: "; ".join(dict.fromkeys(messages)) for clause, messages in broken.items()}
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -387,16 +424,26 @@ def pytest_runtest_makereport(
         return report
     reports = item.stash.setdefault(phase_reports_key, {})
     reports[report.when] = report
-    if call.excinfo is not None and report.when == "call":
-        item.stash[broken_key] = _violated_clauses(call.excinfo.value)
+    # Every phase that failed counts (a teardown's leak check as much as the call); a strict
+    # xpass fails with no error, which no clause can be singled out for.
+    if report.failed or (call.excinfo is not None and hasattr(report, "wasxfail")):
+        error = call.excinfo.value if call.excinfo is not None else None
+        item.stash.setdefault(failures_key, {})[report.when] = _violations(error)
     if report.when == "teardown" and item.stash.get(clauses_key, ()):
         from ._report import TestOutcome
 
+        clauses = item.stash[clauses_key]
         outcome, reason = _fold(reports)
-        broken = item.stash.get(broken_key, ()) if outcome in ("fail", "xfail") else ()
+        broken = (
+            _attribute(item.stash.get(failures_key, {}), clauses)
+            if outcome in ("fail", "xfail")
+            else None
+        ) or {}
+        # A known failure keeps its xfail-file reason; a new one shows each clause's violation.
+        own = tuple(broken.items()) if outcome == "fail" else ()
         state.results.append(TestOutcome(
-            item.nodeid, item.stash[clauses_key], outcome, reason,
-            level=item.stash.get(level_key, "core"), broken=broken,
+            item.nodeid, clauses, outcome, reason,
+            level=item.stash.get(level_key, "core"), broken=tuple(broken), clause_reasons=own,
         ))
     return report
 

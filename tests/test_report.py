@@ -34,9 +34,9 @@ def test_a_clause_level_takes_the_worst_outcome_of_its_tests() -> None:
         "REG-5": ("untested", "untested"),
     }, got
     assert statuses["REG-3"].core.tests == 2 and statuses["REG-3"].core.reasons == [
-        "skip: t::d: no part",
         "fail: t::e: boom",
-    ]
+    ], "a failed clause shows its failing test's reason, not a sibling's skip"
+    assert statuses["REG-4"].core.reasons == ["skip: t::f: no part"]
     assert statuses["REG-2"].status == "xfail", "the clause's overall status is its worst level"
     assert list(statuses) == list(spec.CLAUSES), "every clause, in spec order"
 
@@ -68,6 +68,168 @@ def test_a_clause_violation_fails_its_clause_alone() -> None:
     assert str(error).startswith("REG-3: "), "the failing example names the clause"
     with pytest.raises(ValueError):
         ClauseViolation("NOPE-1", "x")
+
+
+def test_a_clause_level_shows_the_reasons_that_decided_it_first() -> None:
+    statuses = fold(
+        [
+            TestOutcome("t::skipped", ("REG-3",), "skip", "no part"),
+            TestOutcome("t::known", ("REG-2",), "xfail", "listed"),
+            TestOutcome("t::failed", ("REG-2", "REG-3"), "fail", "call: AssertionError: boom"),
+            TestOutcome("t::passed", ("REG-5",), "pass"),
+            TestOutcome("t::skipped", ("REG-5",), "skip", "no part"),
+        ]
+    )
+    assert statuses["REG-3"].core.reasons == ["fail: t::failed: call: AssertionError: boom"]
+    assert statuses["REG-2"].core.reasons == [
+        "fail: t::failed: call: AssertionError: boom",
+        "xfail: t::known: listed",
+    ], "worst first: reasons[0] is a test that decided the status"
+    assert statuses["REG-5"].core.reasons == [], "a passed clause has nothing to explain"
+    summary = [line for line in summary_lines("fake", statuses) if "REG-3" in line]
+    assert summary == ["  REG-3    core   fail     fail: t::failed: call: AssertionError: boom"]
+
+
+def test_a_broken_clause_shows_its_own_violation_message() -> None:
+    statuses = fold([
+        TestOutcome(
+            "t::prop", ("REG-2", "REG-3", "REG-5"), "fail", "call: ExceptionGroup: 2 failures",
+            broken=("REG-2", "REG-3"),
+            clause_reasons=(("REG-2", "REG-2: no buffer"), ("REG-3", "REG-3: pad row")),
+        ),
+    ])
+    assert statuses["REG-2"].core.reasons == ["fail: t::prop: REG-2: no buffer"]
+    assert statuses["REG-3"].core.reasons == ["fail: t::prop: REG-3: pad row"]
+    assert statuses["REG-5"].core.status == "skip"
+
+
+def test_a_group_is_pinned_on_clauses_only_when_every_member_is_a_violation() -> None:
+    import builtins
+
+    from conformance.plugin import _attribute, _violations
+
+    group = getattr(builtins, "ExceptionGroup", None)
+    if group is None:  # Python 3.10: the backport hypothesis raises there
+        from exceptiongroup import ExceptionGroup as group
+    nested = group("outer", [
+        ClauseViolation("REG-2", "a\nsecond line"),
+        group("inner", [ClauseViolation("REG-3", "b"), ClauseViolation("REG-2", "c")]),
+    ])
+    found = _violations(nested)
+    assert found == (("REG-2", "REG-2: a"), ("REG-3", "REG-3: b"), ("REG-2", "REG-2: c"))
+    assert _attribute({"call": found}, ("REG-2", "REG-3", "REG-5")) == {
+        "REG-2": "REG-2: a; REG-2: c", "REG-3": "REG-3: b"
+    }
+    deep = group("outer", [ClauseViolation("REG-2", "a"), group("inner", [KeyError("k")])])
+    assert _violations(deep) is None, "a member deep inside that is no violation"
+    assert _violations(group("plain", [ValueError()])) is None
+    assert _violations(ValueError("no group")) is None and _violations(None) is None
+    assert _attribute({"call": found, "teardown": None}, ("REG-2", "REG-3")) is None
+    assert _attribute({"call": found}, ("REG-2",)) is None, "REG-3 is not the test's"
+
+
+_PROBE = """
+import builtins
+
+import pytest
+from hypothesis import Phase, example, given, settings, strategies as st
+
+from conformance import ClauseViolation
+
+# Python 3.10 has no ExceptionGroup: hypothesis raises the backport's there.
+ExceptionGroup = getattr(builtins, "ExceptionGroup", None)
+if ExceptionGroup is None:
+    from exceptiongroup import ExceptionGroup
+
+
+@pytest.mark.clause("REG-2")
+def test_a_skips():
+    pytest.skip("no part here")
+
+
+@pytest.mark.clause("REG-2")
+def test_b_fails():
+    assert 1 == 2, "one is not two"
+
+
+# Two failing explicit examples: hypothesis raises an ExceptionGroup of two distinct failures.
+@pytest.mark.clause("REG-3", "REG-4", "REG-5")
+@settings(phases=[Phase.explicit], database=None)
+@example(0)
+@example(1)
+@given(st.integers())
+def test_hypothesis_group(x):
+    if x:  # distinct failures: hypothesis tells them apart by where they were raised
+        raise ClauseViolation("REG-4", f"example {x}")
+    raise ClauseViolation("REG-3", f"example {x}")
+
+
+@pytest.mark.clause("REG-6", "REG-8", "REG-9")
+def test_nested_group():
+    raise ExceptionGroup("outer", [
+        ClauseViolation("REG-6", "first"),
+        ExceptionGroup("inner", [ClauseViolation("REG-8", "second")]),
+    ])
+
+
+@pytest.mark.clause("REG-10", "REG-11")
+def test_mixed_group():
+    raise ExceptionGroup("two", [ClauseViolation("REG-10", "x"), ValueError("not a clause")])
+
+
+@pytest.fixture
+def leaks():
+    yield
+    raise RuntimeError("leaked a buffer")
+
+
+@pytest.mark.clause("BCG-1", "BCG-2")
+def test_teardown_fails_too(leaks):
+    raise ClauseViolation("BCG-1", "wrong")
+
+
+@pytest.mark.clause("BCG-5")
+def test_names_another_clause():
+    raise ClauseViolation("BCG-8", "not among the test's clauses")
+"""
+
+
+def test_the_plugin_attributes_each_failure_to_the_clauses_it_broke(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import conformance.plugin as plugin
+
+    # The probe file is a suite test for this run only (the plugin reports its own package's).
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_probe.py").write_text(_PROBE)
+    (suite / "pytest.ini").write_text("[pytest]\n")
+    monkeypatch.setattr(plugin, "_PACKAGE_DIR", suite.resolve())
+    code = pytest.main([
+        str(suite), "-c", str(suite / "pytest.ini"), "--rootdir", str(suite), "-q",
+        "-p", "no:cacheprovider", "--import-mode=importlib", "--backend=fake",
+        f"--report-dir={tmp_path / 'report'}",
+    ])
+    assert code == pytest.ExitCode.TESTS_FAILED
+    data = json.loads((tmp_path / "report" / "conformance.json").read_text())
+    column = {
+        cid: (st["core"]["status"], st["core"]["reasons"])
+        for cid, st in data["backends"]["fake"].items()
+    }
+    probe = "test_probe.py::"
+    assert column["REG-2"] == (
+        "fail", [f"fail: {probe}test_b_fails: call: AssertionError: one is not two"]
+    ), "the failing test's message, not the sibling's skip nor the traceback's last line"
+    assert column["REG-3"] == ("fail", [f"fail: {probe}test_hypothesis_group: REG-3: example 0"])
+    assert column["REG-4"] == ("fail", [f"fail: {probe}test_hypothesis_group: REG-4: example 1"])
+    assert column["REG-5"][0] == "skip", "no member names it: not concluded, not failed"
+    assert column["REG-6"] == ("fail", [f"fail: {probe}test_nested_group: REG-6: first"])
+    assert column["REG-8"] == ("fail", [f"fail: {probe}test_nested_group: REG-8: second"])
+    assert column["REG-9"][0] == "skip"
+    # Anything but violations fails every clause the test names.
+    assert (column["REG-10"][0], column["REG-11"][0]) == ("fail", "fail"), "a non-violation member"
+    assert (column["BCG-1"][0], column["BCG-2"][0]) == ("fail", "fail"), "the teardown's error"
+    assert column["BCG-5"][0] == "fail", "a violation of an unnamed clause must not vanish"
 
 
 def test_backends_are_merged_into_one_report_with_levels_side_by_side(tmp_path: Path) -> None:
