@@ -54,7 +54,9 @@ def cpu(session: nox.Session) -> None:
     conformance suite with ``--backend=fake`` at every level, the example third-party adapter
     with its known failures (``examples/toy_engine.xfail``), and the correct-but-different
     registry (``examples/engine_registry.py``): core with no known failure, strict with only
-    strict tests listed (``examples/engine_registry.xfail``)."""
+    strict tests listed (``examples/engine_registry.xfail``), and the correct-but-different
+    breakable graph (``examples/engine_breakable.py``) at every level with only strict tests
+    listed (``examples/engine_breakable.xfail``)."""
     _install(session, "test")
     _pytest(session, "tests", "--benchmark-disable")
     _conformance(session, "--backend=fake")
@@ -71,6 +73,16 @@ def cpu(session: nox.Session) -> None:
         "--backend=examples.engine_registry:make_adapter",
         "--level=strict",
         "--xfail-file=examples/engine_registry.xfail",
+    )
+    # A correct breakable graph with the field's choices: its xfail file lists strict tests
+    # only, so a core failure fails the run. Only the tests a breakable part reaches.
+    _conformance(
+        session,
+        "--backend=examples.engine_breakable:make_adapter",
+        "--xfail-file=examples/engine_breakable.xfail",
+        "--",
+        "-k",
+        "breakable or lifecycle or capture_errors or regressions",
     )
 
 

@@ -39,6 +39,7 @@ Capability = Literal[
     "simulator",
     "launch_structure",
     "stream_order",
+    "scratch_tracking",
 ]
 """What a backend can show, beyond the protocol every backend keeps:
 
@@ -63,6 +64,10 @@ Capability = Literal[
   on every device as the aten ops a fill dispatches (:class:`conformance.OpLog`), on CUDA also
   as the kernels the profiler sees. Not correctness: an engine that copies slot by slot is
   still correct and does not declare it.
+- ``scratch_tracking``: the breakable part leaves its graph's scratch (memory its own capture
+  allocated in its pool) to the pool through the device (``capture_scratch``, ``BCG-7``
+  strict), so a later capture into the pool may re-use it; an engine that keeps every capture
+  allocation alive does not declare it, and the tests of what re-use does are skipped.
 - ``stream_order``: the device tracks which work each stream is ordered after and raises
   :class:`spec.StreamRace` for an access that is not ordered (``ORD-*``) instead of letting
   timing decide.
@@ -259,7 +264,8 @@ def _fake() -> Backend:
         "fake",
         lambda: spec.get_device("fake"),
         frozenset({"hazard_errors", "exact_capture_errors", "aten_op_names", "unsupported_ops",
-                   "node_count", "simulator", "launch_structure", "stream_order"}),
+                   "node_count", "simulator", "launch_structure", "stream_order",
+                   "scratch_tracking"}),
         registry=impl,
         breakable=impl,
         runners=impl,
@@ -272,7 +278,7 @@ def _cuda() -> Backend:
 
     # CudaDevice maps every capture failure the suite provokes onto its leaf class (checked on
     # an H200 with torch 2.11): exact assertions hold there too.
-    caps = {"backend_errors", "exact_capture_errors", "launch_structure"}
+    caps = {"backend_errors", "exact_capture_errors", "launch_structure", "scratch_tracking"}
     try:
         importlib.import_module("cuda.bindings.runtime")
     except ImportError:

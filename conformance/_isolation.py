@@ -223,19 +223,21 @@ def run_scenario(
     scenario: Callable[..., Any],
     *args: Any,
     isolate: bool | None = None,
+    fresh_device: bool = False,
 ) -> Outcome:
     """Run ``scenario(ctx, *args)`` with ``ctx`` the :class:`ScenarioContext` of ``backend``, and
     describe what happened.
 
     ``isolate=None`` follows ``backend.isolate_failures``. Isolated runs use a fresh process
     (and a fresh device, so allocator state is deterministic); ``args`` must then be JSON-able.
+    In-process runs use the backend's shared device, or a new one with ``fresh_device`` (for a
+    scenario that may leave the device unusable, such as a capture left open).
     """
     if isolate is None:
         isolate = backend.isolate_failures
     if not isolate:
-        return _outcome(
-            _run_here(ScenarioContext.build(backend), scenario, args), isolated=False
-        )
+        ctx = ScenarioContext.build(backend, fresh_device=fresh_device)
+        return _outcome(_run_here(ctx, scenario, args), isolated=False)
     request = json.dumps(
         {"backend": backend.name, "scenario": _scenario_name(scenario), "args": list(args)}
     )

@@ -17,6 +17,7 @@ import torch
 from hypothesis import strategies as st
 
 from spec import OracleSlot
+from spec.clauses import LEVELS, Level
 
 __all__ = [
     "FillSpec",
@@ -88,7 +89,11 @@ def _pad_value(dtype: torch.dtype) -> st.SearchStrategy[Any]:
 
 
 @st.composite
-def slot_specs(draw: st.DrawFn, index: int) -> SlotSpec:
+def slot_specs(draw: st.DrawFn, index: int, level: Level = "strict") -> SlotSpec:
+    """One random slot. At ``level="core"`` only slot kinds every registry must support are
+    drawn: no ``source_fn`` on a slot padded along a dimension other than 0, and a dotted name
+    only on a slot fed by its ``source_fn`` (how a dotted name resolves on the batch is
+    ``REG-5``'s strict part)."""
     layout = draw(st.sampled_from(LAYOUTS))
     axis = "none" if layout == "none" else draw(st.sampled_from(["bs", "tokens"]))
     if axis == "none":
@@ -100,7 +105,8 @@ def slot_specs(draw: st.DrawFn, index: int) -> SlotSpec:
     dtype = draw(st.sampled_from(DTYPES))
     needs_pad = policy in ("FILL_SENTINEL", "FILL_ONCE")
     pad_value = draw(_pad_value(dtype)) if needs_pad else None
-    dotted = draw(st.booleans()) and layout == "row"
+    use_source_fn = draw(st.booleans()) and (level == "strict" or layout != "cols")
+    dotted = draw(st.booleans()) and layout == "row" and (level == "strict" or use_source_fn)
     return SlotSpec(
         name=f"grp.s{index}" if dotted else f"s{index}",
         layout=layout,
@@ -110,7 +116,7 @@ def slot_specs(draw: st.DrawFn, index: int) -> SlotSpec:
         pad_value=pad_value,
         on_host=draw(st.booleans()),
         copy_from_fb=draw(st.booleans()) or draw(st.booleans()),
-        use_source_fn=draw(st.booleans()),
+        use_source_fn=use_source_fn,
         use_post_fill=draw(st.integers(0, 3)) == 0,
         enabled=draw(st.integers(0, 5)) != 0,
     )
@@ -147,12 +153,17 @@ def fill_specs(
 
 
 @st.composite
-def registry_cases(draw: st.DrawFn, max_slots: int = 6, max_fills: int = 5) -> RegistryCase:
-    """A registry of 1..``max_slots`` random slots and a sequence of 1..``max_fills`` fills."""
+def registry_cases(
+    draw: st.DrawFn, max_slots: int = 6, max_fills: int = 5, level: Level = "strict"
+) -> RegistryCase:
+    """A registry of 1..``max_slots`` random slots and a sequence of 1..``max_fills`` fills;
+    ``level`` selects the slot kinds drawn (:func:`slot_specs`)."""
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     max_bs = draw(st.integers(1, 5))
     max_num_tokens = draw(st.integers(1, 9))
     count = draw(st.integers(1, max_slots))
-    slots = tuple(draw(slot_specs(i)) for i in range(count))
+    slots = tuple(draw(slot_specs(i, level)) for i in range(count))
     fills = tuple(
         draw(fill_specs(max_bs, max_num_tokens, slots))
         for _ in range(draw(st.integers(1, max_fills)))

@@ -265,7 +265,9 @@ def _failing_join_stream(device: DeviceModule) -> Any:
     return type("FailingJoinStream", (device.Stream,), {"record_event": record_event})()
 
 
-def breakable_failure(ctx: ScenarioContext, case: str) -> dict[str, Any]:
+def breakable_failure(
+    ctx: ScenarioContext, case: str, variant: str = "reference"
+) -> dict[str, Any]:
     """A breakable capture that fails ``case``-wise with the breakable API under test; report
     the error and the state afterwards, then check that the graph captures and replays correctly
     after ``reset()``. The cases: ``user_error_in_segment``, ``user_error_in_break``,
@@ -274,8 +276,11 @@ def breakable_failure(ctx: ScenarioContext, case: str) -> dict[str, Any]:
     first segment cannot begin), ``nested_in_break`` (a break body begins another breakable
     capture), ``wait_on_eager_stream`` (a break body orders a side stream eagerly, and the next
     segment waits on that stream, which is no fork: uncaptured work), ``join_fails_at_end``
-    (joining a fork when the capture ends raises: the capture must still be closed)."""
-    device, api = ctx.device, ctx.breakable
+    (joining a fork when the capture ends raises: the capture must still be closed).
+    ``variant`` is ``"reference"`` (the API under test) or a mutant's name (``impl`` with the
+    mutant's capture class)."""
+    device = ctx.device
+    api, capture = _regression_api(ctx, variant)
     hook_before = device.Stream.__dict__.get("wait_stream")
     x = torch.arange(4, dtype=torch.float32, device=device.device)
     helper = device.Stream()
@@ -314,25 +319,41 @@ def breakable_failure(ctx: ScenarioContext, case: str) -> dict[str, Any]:
     graph = api.BreakableCUDAGraph(device)
     stream = device.default_stream() if case == "default_stream" else None
     error: BaseException | None = None
+    out: torch.Tensor | None = None
     try:
-        with api.BreakableCUDAGraphCapture(graph, stream=stream):
-            model()
+        with capture(graph, stream=stream):
+            out = model()
     except Exception as exc:
         error = exc
+    capture_stream = getattr(device, "capture_stream", None)
     state = {
         "error": describe_error(error),
-        "replay_error": describe_error(_replay_error(graph)),
+        # A capture that did not fail (a break body's capture made independently, CAP-4) must
+        # still replay the outer graph correctly; checked below, once the case is switched off.
+        "completed": error is None,
+        "replay_error": None if error is None else describe_error(_replay_error(graph)),
         "hook_restored": device.Stream.__dict__.get("wait_stream") is hook_before,
         "switch_off": not api.is_in_breakable_cuda_graph(),
-        "capturing_after": device.is_current_stream_capturing(),
+        "capturing_after": device.is_current_stream_capturing() or (
+            capture_stream is not None and device.is_stream_capturing(capture_stream())
+        ),
         "holds_nothing": graph.num_segments == 0 and graph.num_breaks == 0,
     }
     # A decorated call after the failure is a plain call again (no capture left active).
     probe = torch.ones(2, device=device.device)
     fail["case"] = "none"
-    state["plain_call_after"] = bool(torch.equal(double(probe), probe * 2))
+    try:
+        state["plain_call_after"] = bool(torch.equal(double(probe), probe * 2))
+    except Exception as exc:
+        state["plain_call_after"] = False
+        state["plain_call_error"] = describe_error(exc)
+    if error is None and out is not None:
+        host = torch.tensor([1.0, 3.0, 5.0, 7.0])
+        x.copy_(host)
+        graph.replay()
+        expect_equal(out.cpu(), (host + 1) * 2 * 3, "replay of the capture that did not fail")
     graph.reset()
-    with api.BreakableCUDAGraphCapture(graph):
+    with capture(graph):
         out = model()
     host = torch.tensor([5.0, 6.0, 7.0, 8.0])
     x.copy_(host)

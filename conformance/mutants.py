@@ -24,6 +24,15 @@ hazard errors, on CUDA through the corrupted data itself.
   ``torch.cuda.graph``'s synchronize hides it, the fake names it as a ``StreamRace``).
 - ``unordered_exit``: the caller's stream does not wait for the capture stream on exit, so the
   caller's replay rewrites break results the capture stream may still be writing (``ORD-4``).
+- ``lazy_bits_dropped``: break arguments held as aliases rebuilt from their memory, so a lazily
+  negated or conjugated view replays without its negation.
+- ``one_level_result_copy``: results copied back one level deep, so a result in a nested
+  container or an object with ``__slots__`` replays stale.
+- ``open_after_failed_join``: a failing join of forks at the capture's end leaves the last
+  segment's capture open.
+- ``leaked_setup_state``: a capture whose setup fails stays the active capture of its context.
+- ``error_replaced``: a body's exception replaced by a bare assertion.
+- ``dropped_wait``: the stream hook drops a capturing stream's wait on work done eagerly.
 - ``swa_pad_kept`` (registry): the hybrid-SWA decode registry keeps the pad rows of
   ``out_cache_loc_swa`` (FOREACH_COPY instead of ZERO), so a padded request's KV write lands on
   the sliding-window cache location of a request from an earlier, larger batch.
@@ -45,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any, ClassVar, Final
 
 import torch
@@ -54,7 +64,13 @@ from spec import DeviceModule
 
 __all__ = [
     "DECODE_MUTANTS",
+    "DroppedWaitCapture",
+    "ErrorReplacedCapture",
+    "LazyBitsDroppedCapture",
+    "LeakedSetupStateCapture",
     "MUTANTS",
+    "OneLevelResultCopyCapture",
+    "OpenAfterFailedJoinCapture",
     "PREFILL_MUTANTS",
     "REGISTRY_MUTANTS",
     "ScratchMarkPerPoolCapture",
@@ -64,6 +80,7 @@ __all__ = [
     "WeakInputsCapture",
     "WeakResultCapture",
     "capture_class",
+    "mutant_api",
 ]
 
 
@@ -203,6 +220,118 @@ class UnorderedExitCapture(impl.BreakableCUDAGraphCapture):
         return None
 
 
+def _without_lazy_bits(value: Any) -> Any:
+    # An alias of the same memory without the lazy negation or conjugation, the way a tensor
+    # rebuilt from its data pointer and geometry comes out.
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.is_neg():
+        value = value._neg_view()
+    if value.is_conj():
+        value = value.conj()
+    return value
+
+
+class LazyBitsDroppedCapture(impl.BreakableCUDAGraphCapture):
+    """Mutant: break arguments held as aliases rebuilt from their memory, so a lazily negated
+    or conjugated view is replayed without its negation (``BCG-6``)."""
+
+    def _make_break(self, fn: Any, args: Any, kwargs: Any, result: Any) -> Any:
+        args = tuple(_without_lazy_bits(a) for a in args)
+        kwargs = {k: _without_lazy_bits(v) for k, v in kwargs.items()}
+        return super()._make_break(fn, args, kwargs, result)
+
+
+def _copy_one_level(dest: Any, src: Any) -> None:
+    # The field bug: the top level's tensors are copied; tensors in nested containers and in
+    # objects without a __dict__ (__slots__) keep their capture-time values.
+    if isinstance(dest, torch.Tensor):
+        dest.copy_(src)
+        return
+    if isinstance(dest, (tuple, list)):
+        pairs = zip(dest, src, strict=True)
+    elif isinstance(dest, dict):
+        pairs = ((dest[k], src[k]) for k in dest)
+    else:
+        pairs = ((v, getattr(src, k)) for k, v in getattr(dest, "__dict__", {}).items())
+    for d, v in pairs:
+        if isinstance(d, torch.Tensor) and d is not v:
+            d.copy_(v)
+
+
+class _OneLevelCopyBreak(_MutantBreak):
+    """A break whose result is copied back one level deep."""
+
+    def __init__(self, fn: Callable[..., Any] | None, args: Any, kwargs: Any, result: Any):
+        self.fn, self.args, self.kwargs, self.result = fn, args, kwargs, result
+
+    def replay_callable(self) -> Callable[[], None] | None:
+        fn, args, kwargs, result = self.fn, self.args, self.kwargs, self.result
+        if fn is None:
+            return None
+        return lambda: _copy_one_level(result, fn(*args, **kwargs))
+
+
+class OneLevelResultCopyCapture(impl.BreakableCUDAGraphCapture):
+    """Mutant: results copied back one level deep, so a result in a nested container or an
+    object with ``__slots__`` replays with its capture-time values (``BCG-6``)."""
+
+    def _make_break(self, fn: Any, args: Any, kwargs: Any, result: Any) -> Any:
+        return _OneLevelCopyBreak(fn, args, kwargs, result)
+
+
+class OpenAfterFailedJoinCapture(impl.BreakableCUDAGraphCapture):
+    """Mutant: when joining the forks at the capture's end raises, the last segment's capture
+    is left open (``BCG-10``)."""
+
+    def _abort_if_open(self) -> None:
+        return None
+
+
+class LeakedSetupStateCapture(impl.BreakableCUDAGraphCapture):
+    """Mutant: a capture whose setup fails (the first segment cannot begin) leaves itself as
+    the active capture, so later decorated calls try to record into it (``BCG-10``)."""
+
+    def __enter__(self) -> Any:
+        try:
+            return super().__enter__()
+        except BaseException:
+            from impl.breakable._breakable_state import ACTIVE_CAPTURE
+
+            ACTIVE_CAPTURE.set(self)  # set before setup, never reset when setup failed
+            raise
+
+
+class ErrorReplacedCapture(impl.BreakableCUDAGraphCapture):
+    """Mutant: a body's exception replaced by a bare assertion of the capture's own state
+    (``BCG-10``)."""
+
+    def _abort(self, exc: BaseException) -> None:
+        super()._abort(exc)
+        raise AssertionError
+
+
+class DroppedWaitCapture(impl.BreakableCUDAGraphCapture):
+    """Mutant: the stream hook drops every wait of a capturing stream on a stream that is not
+    capturing, not only the join of a fork an earlier break joined, so a wait on work done
+    eagerly in a break body is lost (``BCG-9``, ``BCG-10``)."""
+
+    def __enter__(self) -> Any:
+        graph = super().__enter__()
+        tracker = self._tracker
+        if tracker is not None:
+            track = tracker.on_wait_stream
+            capturing = self.device.is_stream_capturing
+
+            def dropping(waiter: Any, other: Any) -> Any:
+                if capturing(waiter) and not capturing(other):
+                    return None
+                return track(waiter, other)
+
+            tracker.on_wait_stream = dropping  # type: ignore[method-assign]
+        return graph
+
+
 MUTANTS: Final[dict[str, type[impl.BreakableCUDAGraphCapture]]] = {
     "weak_inputs": WeakInputsCapture,
     "weak_result": WeakResultCapture,
@@ -210,8 +339,24 @@ MUTANTS: Final[dict[str, type[impl.BreakableCUDAGraphCapture]]] = {
     "unjoined_fork": UnjoinedForkCapture,
     "unordered_entry": UnorderedEntryCapture,
     "unordered_exit": UnorderedExitCapture,
+    "lazy_bits_dropped": LazyBitsDroppedCapture,
+    "one_level_result_copy": OneLevelResultCopyCapture,
+    "open_after_failed_join": OpenAfterFailedJoinCapture,
+    "leaked_setup_state": LeakedSetupStateCapture,
+    "error_replaced": ErrorReplacedCapture,
+    "dropped_wait": DroppedWaitCapture,
 }
 """Mutant name -> capture class."""
+
+
+def mutant_api(variant: str) -> Any:
+    """``impl``'s breakable API with the capture class of ``variant`` (:func:`capture_class`):
+    what a core test's body runs to show that it detects the mutant's defect."""
+    from ._adapter import BREAKABLE_NAMES
+
+    names = {name: getattr(impl, name) for name in BREAKABLE_NAMES}
+    names["BreakableCUDAGraphCapture"] = capture_class(variant)
+    return SimpleNamespace(**names)
 
 
 def capture_class(variant: str) -> type[impl.BreakableCUDAGraphCapture]:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from conformance.mutants import mutant_api
 from spec import PoolClobber
 
 
@@ -115,20 +116,21 @@ def test_replay_order_is_segment_break_segment(device, breakable_api) -> None:
     assert replayed == eager, f"replay observed {replayed}, eager {eager}"
 
 
-@pytest.mark.clause("BCG-2", "BCG-3")
-def test_replay_runs_on_the_current_stream(device, breakable_api) -> None:
+def _replay_on_a_side_stream(device: Any, api: Any) -> dict[str, Any]:
+    """A graph whose break records ``(get_replay_stream(), get_replay_id())`` at each call,
+    captured once and replayed twice on a side stream; what the break saw, and the values."""
     seen: list[tuple[object, int | None]] = []
 
-    @breakable_api.eager_on_graph()
+    @api.eager_on_graph()
     def where(h: torch.Tensor) -> torch.Tensor:
-        seen.append((breakable_api.get_replay_stream(), breakable_api.get_replay_id()))
+        seen.append((api.get_replay_stream(), api.get_replay_id()))
         return h + 1
 
     x = torch.zeros(4, device=device.device)
-    graph = breakable_api.BreakableCUDAGraph(device)
-    with breakable_api.BreakableCUDAGraphCapture(graph):
+    graph = api.BreakableCUDAGraph(device)
+    with api.BreakableCUDAGraphCapture(graph):
         out = where(x * 2) * 3
-    assert seen[0][1] == 0, f"the capture-time call should see replay id 0, saw {seen[0][1]}"
+    result: dict[str, Any] = {"at capture": seen[:]}
     seen.clear()
     replay_stream = device.Stream()
     host = _arange(4)
@@ -138,15 +140,38 @@ def test_replay_runs_on_the_current_stream(device, breakable_api) -> None:
         graph.replay()
         graph.replay()
     device.current_stream().wait_stream(replay_stream)
-    assert [s == replay_stream for s, _ in seen] == [True, True], (
-        f"break code saw streams {[s for s, _ in seen]}, expected the replay stream"
+    result.update(
+        replay_stream=replay_stream, at_replay=seen[:],
+        outside=(api.get_replay_stream(), api.get_replay_id()),
+        got=_host(out), expected=_host((host * 2 + 1) * 3),
     )
-    ids = [i for _, i in seen]
-    assert ids[0] is not None and ids[1] is not None and ids[0] != ids[1] and min(ids) > 0, (
+    return result
+
+
+@pytest.mark.clause("BCG-2", "BCG-3")
+def test_replay_runs_on_the_current_stream(device, breakable_api) -> None:
+    seen = _replay_on_a_side_stream(device, breakable_api)
+    streams = [s for s, _ in seen["at_replay"]]
+    assert [s == seen["replay_stream"] for s in streams] == [True, True], (
+        f"break code saw streams {streams}, expected the replay stream"
+    )
+    assert seen["outside"][0] is None, (
+        f"get_replay_stream() outside replay and capture returned {seen['outside'][0]}"
+    )
+    assert seen["got"] == seen["expected"], f"got {seen['got']}, expected {seen['expected']}"
+
+
+@pytest.mark.strict
+@pytest.mark.clause("BCG-3")
+def test_replay_id_differs_for_every_replay(device, breakable_api) -> None:
+    seen = _replay_on_a_side_stream(device, breakable_api)
+    at_capture = [i for _, i in seen["at capture"]]
+    assert at_capture == [0], f"the capture-time call should see replay id 0, saw {at_capture}"
+    ids = [i for _, i in seen["at_replay"]]
+    assert None not in ids and ids[0] != ids[1] and min(ids) > 0, (
         f"replay ids {ids}: expected two different positive counters"
     )
-    assert (breakable_api.get_replay_stream(), breakable_api.get_replay_id()) == (None, None)
-    assert _host(out) == _host((host * 2 + 1) * 3)
+    assert seen["outside"][1] is None, f"get_replay_id() outside replay: {seen['outside'][1]}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,15 +281,25 @@ class _Attrs:
         self.second = second
 
 
+class _Slotted:
+    __slots__ = ("first", "second")
+
+    def __init__(self, first: torch.Tensor, second: torch.Tensor) -> None:
+        self.first = first
+        self.second = second
+
+
 def _pack(kind: str, a: torch.Tensor, b: torch.Tensor) -> object:
     return {
-        "tensor": a + b,
-        "tuple": (a, b),
-        "list": [a, b],
-        "dict": {"first": a, "second": b},
-        "dataclass": _Pair(a, b),
-        "object": _Attrs(a, b),
-    }[kind]
+        "tensor": lambda: a + b,
+        "tuple": lambda: (a, b),
+        "list": lambda: [a, b],
+        "dict": lambda: {"first": a, "second": b},
+        "dataclass": lambda: _Pair(a, b),
+        "object": lambda: _Attrs(a, b),
+        "nested": lambda: {"pair": (a, [b])},
+        "slots": lambda: _Slotted(a, b),
+    }[kind]()
 
 
 def _unpack(kind: str, r: object) -> torch.Tensor:
@@ -274,26 +309,53 @@ def _unpack(kind: str, r: object) -> torch.Tensor:
         return r[0] * 10 + r[1]  # type: ignore[index]
     if kind == "dict":
         return r["first"] * 10 + r["second"]  # type: ignore[index]
+    if kind == "nested":
+        return r["pair"][0] * 10 + r["pair"][1][0]  # type: ignore[index]
     return r.first * 10 + r.second  # type: ignore[attr-defined]
 
 
-@pytest.mark.clause("BCG-6")
-@pytest.mark.parametrize("kind", ["tensor", "tuple", "list", "dict", "dataclass", "object"])
-def test_result_is_copied_in_place(device, breakable_api, kind: str) -> None:
-    @breakable_api.eager_on_graph()
+# Result and argument kinds an engine may refuse at capture instead of supporting (BCG-6 core);
+# what it must never do is replay them with stale capture-time values.
+_REFUSABLE_RESULTS = ("nested", "slots")
+
+
+def _result_copied_back(device: Any, api: Any, kind: str, *, may_refuse: bool) -> None:
+    @api.eager_on_graph()
     def split(h: torch.Tensor) -> object:
         return _pack(kind, h * 2, h + 3)
 
     x = torch.zeros(4, device=device.device)
-    graph = breakable_api.BreakableCUDAGraph(device)
-    with breakable_api.BreakableCUDAGraphCapture(graph):
-        out = _unpack(kind, split(x + 1)) + 1
+    graph = api.BreakableCUDAGraph(device)
+    try:
+        with api.BreakableCUDAGraphCapture(graph):
+            out = _unpack(kind, split(x + 1)) + 1
+    except Exception:
+        if may_refuse:
+            return  # refused loudly at capture: allowed for this kind at core
+        raise
     for start in (1.0, 6.0):
         host = _arange(4, start)
         x.copy_(host)
         graph.replay()
         expected = _unpack(kind, _pack(kind, (host + 1) * 2, host + 1 + 3)) + 1
         assert _host(out) == _host(expected), f"{kind}: got {_host(out)}, expected {expected}"
+
+
+@pytest.mark.clause("BCG-6")
+@pytest.mark.parametrize(
+    "kind", ["tensor", "tuple", "list", "dict", "dataclass", "object", *_REFUSABLE_RESULTS]
+)
+def test_result_is_copied_in_place(device, breakable_api, kind: str) -> None:
+    """Every result kind replays with this replay's values; a nested container or an object
+    with ``__slots__`` may instead be refused at capture."""
+    _result_copied_back(device, breakable_api, kind, may_refuse=kind in _REFUSABLE_RESULTS)
+
+
+@pytest.mark.strict
+@pytest.mark.clause("BCG-6")
+@pytest.mark.parametrize("kind", _REFUSABLE_RESULTS)
+def test_nested_and_slotted_results_are_copied_in_place(device, breakable_api, kind: str) -> None:
+    _result_copied_back(device, breakable_api, kind, may_refuse=False)
 
 
 @pytest.mark.clause("BCG-6")
@@ -418,28 +480,75 @@ def test_what_a_break_keeps_survives_the_replays_of_other_graphs(device, breakab
         assert _host(out_b) == _host(host + 1 + 100), "graph A's replay wrote the break's table"
 
 
-@pytest.mark.clause("BCG-6")
-def test_break_arguments_of_any_kind(device, breakable_api) -> None:
-    """Autograd-tracked arguments, and a lazily negated view of a segment's output, reach the
-    break as they are."""
-    api = breakable_api
+def _lazy_view_argument(device: Any, api: Any, view: str, *, may_refuse: bool) -> None:
+    """A break called with an autograd-tracked parameter and a lazily negated (or conjugated)
+    view of a segment's output: it sees them as they are, at capture and at every replay."""
     dev = device.device
-    weight = torch.nn.Parameter(torch.full((4,), 2.0, device=dev), requires_grad=True)
+    dtype = torch.complex64 if view == "conj" else torch.float32
+    weight = torch.nn.Parameter(torch.full((4,), 2.0, dtype=dtype, device=dev), requires_grad=True)
 
     @api.eager_on_graph()
     def combine(h: torch.Tensor, w: torch.Tensor, n: torch.Tensor) -> Any:
         with torch.no_grad():
             return h * w + n
 
-    x = torch.zeros(4, device=dev)
+    def lazy(h: torch.Tensor) -> torch.Tensor:
+        return h._neg_view() if view == "neg" else h.conj()
+
+    x = torch.zeros(4, dtype=dtype, device=dev)
     graph = api.BreakableCUDAGraph(device)
-    with api.BreakableCUDAGraphCapture(graph):
-        h = x + 1
-        out = combine(h, weight, h._neg_view()) + 0
-    host = _arange(4, 1.0)
-    x.copy_(host)
-    graph.replay()
-    assert _host(out) == _host((host + 1) * 2 - (host + 1))
+    try:
+        with api.BreakableCUDAGraphCapture(graph):
+            h = x + 1
+            out = combine(h, weight, lazy(h)) + 0
+    except Exception:
+        if may_refuse:
+            return  # refused loudly at capture: allowed at core
+        raise
+    for start in (1.0, 4.0):
+        host = (torch.arange(4) + start).to(dtype)
+        if view == "conj":
+            host = host + 1j * torch.arange(4, dtype=torch.float32)
+        x.copy_(host)
+        graph.replay()
+        expected = (host + 1) * 2 + lazy(host + 1)
+        assert _host(out) == _host(expected), f"{view}: got {_host(out)}, expected {expected}"
+
+
+@pytest.mark.clause("BCG-6")
+@pytest.mark.parametrize("view", ["neg", "conj"])
+def test_break_arguments_of_any_kind(device, breakable_api, view: str) -> None:
+    """Autograd-tracked arguments and lazily negated or conjugated views reach the break as
+    they are, or the capture refuses the lazy view; never replayed without its negation."""
+    _lazy_view_argument(device, breakable_api, view, may_refuse=True)
+
+
+@pytest.mark.strict
+@pytest.mark.clause("BCG-6")
+@pytest.mark.parametrize("view", ["neg", "conj"])
+def test_lazy_view_arguments_are_supported(device, breakable_api, view: str) -> None:
+    _lazy_view_argument(device, breakable_api, view, may_refuse=False)
+
+
+@pytest.mark.clause("BCG-6")
+@pytest.mark.usefixtures("breakable_api")
+@pytest.mark.parametrize(
+    ("variant", "kind"),
+    [("one_level_result_copy", "nested"), ("one_level_result_copy", "slots"),
+     ("lazy_bits_dropped", "neg"), ("lazy_bits_dropped", "conj")],
+)
+def test_core_checks_detect_stale_results_and_dropped_negation(
+    device, variant: str, kind: str
+) -> None:
+    """The core checks above fail on a mutant of ``impl`` reproducing a working engine's
+    defect: a nested or ``__slots__`` result returned stale, a lazily negated or conjugated
+    argument replayed without its negation."""
+    api = mutant_api(variant)
+    with pytest.raises(AssertionError):
+        if variant == "one_level_result_copy":
+            _result_copied_back(device, api, kind, may_refuse=True)
+        else:
+            _lazy_view_argument(device, api, kind, may_refuse=True)
 
 
 @pytest.mark.clause("BCG-6", "BCG-7")
@@ -471,12 +580,13 @@ def test_a_result_the_break_keeps_is_the_result_segments_write(device, breakable
 
 
 @pytest.mark.clause("BCG-7", "MEM-4")
-@pytest.mark.capability("hazard_errors")
+@pytest.mark.capability("hazard_errors", "scratch_tracking")
 def test_scratch_that_replay_does_not_rewrite_is_a_pool_clobber(device, breakable_api) -> None:
     """A buffer a segment only allocates, filled by a break at its first call only: replay
     does not rewrite it, so once another graph of the pool re-used its block the break reads
-    that graph's data. The graph holds the buffer without owning it (it is scratch); a backend
-    that names hazards raises PoolClobber at the read."""
+    that graph's data. A breakable part that leaves scratch to the pool (``scratch_tracking``)
+    holds the buffer without owning it; a device that names hazards raises PoolClobber at the
+    read."""
     api = breakable_api
     pool = device.graph_pool_handle()
     filled: set[int] = set()
@@ -589,11 +699,37 @@ def test_wait_stream_hook_exists_only_during_capture(device, breakable_api) -> N
 
 @pytest.mark.clause("BCG-11")
 def test_switch_is_on_for_its_body_and_for_a_capture(device, breakable_api) -> None:
-    is_in_breakable = breakable_api.is_in_breakable_cuda_graph
+    """A runner that switches it on around capture and replay: on in the capture's segments and
+    in every break call, off after."""
+    api = breakable_api
+    is_in_breakable = api.is_in_breakable_cuda_graph
     assert not is_in_breakable()
-    with breakable_api.enable_breakable_cuda_graph():
+    with api.enable_breakable_cuda_graph():
         inside = is_in_breakable()
     assert inside and not is_in_breakable(), "the switch was not on for exactly its body"
+    seen: list[bool] = []
+
+    @api.eager_on_graph()
+    def probe(h: torch.Tensor) -> torch.Tensor:
+        seen.append(is_in_breakable())
+        return h + 1
+
+    graph = api.BreakableCUDAGraph(device)
+    x = torch.zeros(2, device=device.device)
+    with api.enable_breakable_cuda_graph(), api.BreakableCUDAGraphCapture(graph):
+        seen.append(is_in_breakable())
+        out = probe(x * 2)
+    with api.enable_breakable_cuda_graph():
+        graph.replay()
+    assert seen == [True, True, True], f"capture body, capture-time call, replay saw {seen}"
+    assert not is_in_breakable(), "left on after the runner's block"
+    assert _host(out) == [1.0, 1.0]
+
+
+@pytest.mark.strict
+@pytest.mark.clause("BCG-11")
+def test_a_capture_switches_it_on_by_itself(device, breakable_api) -> None:
+    is_in_breakable = breakable_api.is_in_breakable_cuda_graph
     graph = breakable_api.BreakableCUDAGraph(device)
     x = torch.zeros(2, device=device.device)
     with breakable_api.BreakableCUDAGraphCapture(graph):
@@ -644,6 +780,7 @@ def test_sizes_share_one_pool_largest_first(device, breakable_api, times10) -> N
             assert _host(out) == _host((host * 2 + 1) * 10 - 1), f"size {n}: {_host(out)}"
 
 
+@pytest.mark.strict
 @pytest.mark.clause("BCG-12")
 def test_default_pool_is_one_token_for_all_segments(device, breakable_api, times10) -> None:
     x = torch.zeros(4, device=device.device)

@@ -3,6 +3,7 @@ backends whose failures may poison the process, as PyTorch's own tests do)."""
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Iterator
 from typing import Any
 
@@ -207,17 +208,65 @@ _BREAKABLE_CASES = [
     pytest.param("wait_on_eager_stream", CaptureInvalidated,
                  marks=pytest.mark.clause("CAP-6", "BCG-9")),
 ]
-_BREAKABLE_OUTCOMES: dict[tuple[str, str], Outcome] = {}
+_BREAKABLE_OUTCOMES: dict[tuple[str, str, str], Outcome] = {}
+_LEAVES_A_CAPTURE_OPEN = frozenset({"open_after_failed_join"})
 
 
-def _breakable_failure(backend: Any, case: str) -> dict[str, Any]:
-    key = (backend.name, case)
+def _breakable_failure(backend: Any, case: str, variant: str = "reference") -> dict[str, Any]:
+    key = (backend.name, case, variant)
     if key not in _BREAKABLE_OUTCOMES:
-        _BREAKABLE_OUTCOMES[key] = run_scenario(backend, breakable_failure, case)
+        # A mutant may leave a capture open, which outlives any device on the fake too (its
+        # dispatch mode stays on the thread): a subprocess. Others may leak context variables
+        # (confined to a copy of this context) or device state (a device of their own).
+        mutant = variant != "reference"
+        isolate = (backend.isolate_failures and mutant) or variant in _LEAVES_A_CAPTURE_OPEN
+        _BREAKABLE_OUTCOMES[key] = contextvars.copy_context().run(
+            run_scenario, backend, breakable_failure, case, variant,
+            isolate=isolate, fresh_device=mutant,
+        )
     outcome = _BREAKABLE_OUTCOMES[key]
     assert outcome.error is None, f"after the failure: {outcome.describe()}\n{outcome.log}"
     assert outcome.usable_after, f"{case}: {outcome.usable_detail}"
     return outcome.value
+
+
+# Failures in capture setup, which may surface as the device's own RuntimeError at core.
+_SETUP_CASES = frozenset({"default_stream", "wait_on_eager_stream"})
+
+
+def _check_core_failure(backend: Any, case: str, variant: str = "reference") -> None:
+    """The core part of ``BCG-10`` for ``case``: the failure propagates (the model's own
+    exception unchanged; a failure of capture setup at least as a RuntimeError; a capture begun
+    inside a break body fails as a CaptureError or is made independently, CAP-4), no capture is
+    left open, a decorated call afterwards is a plain call, and a new capture into the reset
+    graph replays correctly (the scenario checks the values)."""
+    state = _breakable_failure(backend, case, variant)
+    error = ErrorInfo.from_json(state["error"])
+    if case in _USER_ERROR_CASES:
+        assert error is not None and error.type_name.endswith("._UserError"), (
+            f"{case}: expected the model's exception, got {error}"
+        )
+    elif case in _SETUP_CASES:
+        assert error is not None and error.is_a(RuntimeError), f"{case}: got {error}"
+    elif case == "nested_in_break":
+        assert (error is None and state["completed"]) or (
+            error is not None and error.is_a(CaptureError)
+        ), f"{case}: got {error}"
+    else:
+        assert error is not None and error.is_a(CaptureError), f"{case}: got {error}"
+    assert not state["capturing_after"], f"{case}: a capture was left open"
+    assert state["plain_call_after"], (
+        f"{case}: a decorated call after the failure was not a plain call "
+        f"({state.get('plain_call_error')})"
+    )
+    assert state["recaptured"], f"{case}: no correct capture after reset()"
+
+
+# The cases whose failure is the model's own exception (no expected capture error class).
+_USER_ERROR_CASES = frozenset(
+    case for case, expected in (getattr(c, "values", c) for c in _BREAKABLE_CASES)
+    if expected is None
+)
 
 
 @pytest.mark.clause("BCG-10", "CAP-1")
@@ -226,20 +275,25 @@ def _breakable_failure(backend: Any, case: str) -> dict[str, Any]:
 def test_breakable_capture_failure_leaves_device_usable(
     backend, case: str, expected: type[CaptureError] | None
 ) -> None:
-    """The failure propagates, no capture is left open, the partial graph does not replay, and
-    after reset() a new capture replays correctly (the scenario checks the values)."""
-    state = _breakable_failure(backend, case)
-    error = ErrorInfo.from_json(state["error"])
-    if expected is None:
-        assert error is not None and error.type_name.endswith("._UserError"), (
-            f"{case}: expected the model's exception, got {error}"
-        )
-    else:
-        assert error is not None and error.is_a(CaptureError), f"{case}: got {error}"
-    replay = ErrorInfo.from_json(state["replay_error"])
-    assert replay is not None, f"{case}: the partial graph replayed"
-    assert state["recaptured"], f"{case}: no correct capture after reset()"
-    assert not state["capturing_after"], f"{case}: a capture was left open"
+    _check_core_failure(backend, case)
+
+
+@pytest.mark.clause("BCG-10", "BCG-9")
+@pytest.mark.parametrize(
+    ("variant", "case"),
+    [
+        ("error_replaced", "user_error_in_segment"),
+        ("open_after_failed_join", "join_fails_at_end"),
+        ("leaked_setup_state", "default_stream"),
+        ("dropped_wait", "wait_on_eager_stream"),
+    ],
+)
+def test_core_failure_checks_detect_field_defects(backend, variant: str, case: str) -> None:
+    """Each mutant reproduces a defect seen in a working engine's breakable capture; the core
+    checks above must fail on it (an assertion, or the scenario failing after the failure)."""
+    with pytest.raises(AssertionError) as detected:
+        _check_core_failure(backend, case, variant)
+    print(f"mutant {variant!r} detected: {str(detected.value).splitlines()[0]}")
 
 
 @pytest.mark.strict
@@ -249,12 +303,14 @@ def test_breakable_capture_failure_leaves_device_usable(
 def test_breakable_capture_failure_restores_state_exactly(
     backend, case: str, expected: type[CaptureError] | None
 ) -> None:
-    """GraphNotReady on replay, the exact capture error class, the stream hook and the switch
-    restored, and a decorated call afterwards a plain call."""
+    """The exact capture error class (a CaptureError for a failure of capture setup too),
+    GraphNotReady on replaying the partial graph, the stream hook and the switch restored, and
+    a decorated call afterwards a plain call."""
     state = _breakable_failure(backend, case)
     error = ErrorInfo.from_json(state["error"])
     if expected is not None:
         assert error is not None and error.is_a(expected), f"{case}: got {error}"
+    assert not state["completed"], f"{case}: the capture did not fail"
     replay = ErrorInfo.from_json(state["replay_error"])
     assert replay is not None and replay.is_a(GraphNotReady), f"{case}: replay raised {replay}"
     flags = {k: state[k]

@@ -97,22 +97,42 @@ def _unchanged(graph: Any) -> Iterator[None]:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.clause("LIFE-1", "RPL-2")
-def test_only_a_complete_capture_replays(kind: Kind, x: torch.Tensor) -> None:
+def _complete_captures_replay(kind: Kind, x: torch.Tensor, *, refusals: bool) -> None:
+    """Capture, reset, a failed capture, reset and a new capture, each checked by replaying;
+    with ``refusals`` a graph without a complete capture must also refuse to replay."""
+
     graph = kind.new()
-    with pytest.raises(RuntimeError):
-        graph.replay()
+
+    def refused() -> None:
+        if refusals:
+            with pytest.raises(RuntimeError):
+                graph.replay()
+
+    refused()
     out = kind.capture(graph, x)
     kind.check(graph, x, out, "after the first capture")
     graph.reset()
-    with pytest.raises(RuntimeError):
-        graph.replay()
+    refused()
     kind.fail(graph, x)
-    with pytest.raises(RuntimeError):
-        graph.replay()
+    refused()
     graph.reset()
     out = kind.capture(graph, x)
     kind.check(graph, x, out, "after a failed capture, reset() and a new capture")
+
+
+@pytest.mark.clause("LIFE-1", "RPL-2")
+def test_only_a_complete_capture_replays(kind: Kind, x: torch.Tensor) -> None:
+    """Refusing to replay a partial or empty graph is core for a device's CUDAGraph (torch
+    refuses too), strict for a breakable graph."""
+    _complete_captures_replay(kind, x, refusals=kind.name == "plain")
+
+
+@pytest.mark.strict
+@pytest.mark.clause("LIFE-1", "RPL-2")
+def test_a_breakable_graph_without_a_complete_capture_refuses_to_replay(
+    device: Any, breakable_api: Any, x: torch.Tensor
+) -> None:
+    _complete_captures_replay(Kind("breakable", device, breakable_api), x, refusals=True)
 
 
 @pytest.mark.strict
@@ -145,19 +165,35 @@ def test_state_through_the_lifecycle(kind: Kind, x: torch.Tensor) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.clause("LIFE-2")
-def test_capture_into_a_graph_that_holds_one_is_refused(
-    kind: Kind, x: torch.Tensor, device: Any
-) -> None:
+def _capture_into_a_held_graph(kind: Kind, x: torch.Tensor, *, refusal: bool) -> None:
+    """A second capture into a graph that holds one (refused, with ``refusal``), then the held
+    graph and a capture into a fresh graph both replay correctly."""
     graph = kind.new()
     out = kind.capture(graph, x)
-    with pytest.raises(RuntimeError):
-        kind.capture(graph, x)
-    assert not device.is_current_stream_capturing()
-    kind.check(graph, x, out, "the capture it held")
+    if refusal:
+        with pytest.raises(RuntimeError):
+            kind.capture(graph, x)
+        assert not kind.device.is_current_stream_capturing()
+        kind.check(graph, x, out, "the capture it held")
     other = kind.new()
     out2 = kind.capture(other, x)
-    kind.check(other, x, out2, "a capture made after the refusal")
+    kind.check(other, x, out2, "a capture into a fresh graph")
+    kind.check(graph, x, out, "the first graph, after another capture")
+
+
+@pytest.mark.clause("LIFE-2")
+def test_capture_into_a_graph_that_holds_one_is_refused(kind: Kind, x: torch.Tensor) -> None:
+    """The refusal is core for a device's CUDAGraph (torch refuses too), strict for a
+    breakable graph."""
+    _capture_into_a_held_graph(kind, x, refusal=kind.name == "plain")
+
+
+@pytest.mark.strict
+@pytest.mark.clause("LIFE-2")
+def test_capture_into_a_breakable_graph_that_holds_one_is_refused(
+    device: Any, breakable_api: Any, x: torch.Tensor
+) -> None:
+    _capture_into_a_held_graph(Kind("breakable", device, breakable_api), x, refusal=True)
 
 
 @pytest.mark.strict

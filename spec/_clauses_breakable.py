@@ -11,9 +11,10 @@ define(
         ("BCG-2", """replay() runs segment 0, break 0, segment 1, ..., the last segment, in that
             order, on the current stream, any number of times, each time equal to running the
             captured code eagerly on the current inputs."""),
-        ("BCG-3", """During replay, get_replay_stream() returns the stream the replay runs on and
-            get_replay_id() a counter that differs for every replay; outside replay and capture
-            both return None."""),
+        ("BCG-3", """During replay, get_replay_stream() returns the stream the replay runs on;
+            outside replay and capture it returns None.""", """get_replay_id() is 0 during the
+            capture-time call of a break, a positive counter that differs for every replay
+            during replay, and None outside replay and capture."""),
         ("BCG-4", """Outside a breakable capture an eager_on_graph function is a plain call, and
             a function decorated with eager_on_graph(enable=False) is a plain call inside one
             too.""", """eager_on_graph(enable=False) returns the function itself."""),
@@ -24,7 +25,11 @@ define(
         ("BCG-6", """At replay a break calls its function with the capture-time argument objects
             and copies the result in place into the capture-time result: tensors directly,
             tuples and lists element-wise, dicts and objects field-wise; a result that is the
-            capture-time object is not copied; a None result is allowed."""),
+            capture-time object is not copied; a None result is allowed. A result in a nested
+            container or an object with __slots__, and an argument that is a lazily negated or
+            conjugated view, are either handled so or refused (raised) at capture, never
+            replayed with capture-time values.""", """Nested containers, objects with
+            __slots__ and lazily negated or conjugated arguments are all supported."""),
         ("BCG-7", """Replay stays correct after the caller dropped every reference to the break
             inputs and capture-time results, also after another size was captured into the same
             pool and replayed on the capture stream.""", """The graph owns every break input and
@@ -41,17 +46,24 @@ define(
             each segment ends; an explicit join of a fork that is no longer capturing is a
             no-op.""", """The wait_stream hook exists only while a capture is in progress."""),
         ("BCG-10", """An exception inside a breakable capture leaves no capture open and the
-            device usable, propagates to the caller (a capture error as a CaptureError), and the
-            partial graph refuses to replay (raises) until reset() and a new capture, which then
-            replays correctly.""", """The refusal is GraphNotReady; the stream hook and the
-            context variables are restored, and a decorated call afterwards is a plain call."""),
+            device usable and propagates to the caller: the model's own exception unchanged, a
+            capture error of a segment as a CaptureError, a failure of capture setup (the
+            default stream, a wait on a stream used eagerly) at least as a RuntimeError (the
+            device's own error). A decorated call afterwards is a plain call, and a new capture
+            into the reset graph replays correctly.""",
+            """A failure of capture setup is the exact spec CaptureError; the partial graph
+            refuses to replay with GraphNotReady until reset() and a new capture; the stream
+            hook and the context variables are restored."""),
         ("BCG-11", """enable_breakable_cuda_graph() makes is_in_breakable_cuda_graph() true for its
-            body and false again after it; a breakable capture enables it for its body.""",
-            """Re-entrant: nested uses, one instance entered several times, and exceptions
-            restore the previous value each time."""),
-        ("BCG-12", """All segments of a breakable graph allocate from one pool (the pool= token or
-            graph.pool()); graphs of several sizes captured into one pool, largest first, each
-            replay correctly."""),
+            body and false again after it; it is true during every breakable capture and replay,
+            whether the capture context or the runner around it switches it on.""",
+            """A breakable capture switches it on for its body by itself. Re-entrant: nested
+            uses, one instance entered several times, and exceptions restore the previous value
+            each time."""),
+        ("BCG-12", """Given pool=, all segments of a breakable graph allocate from that pool;
+            graphs of several sizes captured into one pool, largest first, each replay
+            correctly.""", """Without pool=, all segments share one pool, whose token
+            graph.pool() returns and a later capture accepts."""),
         ("BCG-13", """break_graph() splits a breakable capture with an empty break and is a no-op
             outside a capture."""),
     ],

@@ -18,7 +18,9 @@ define(
             graph() without a stream captures on a side stream.""", """The error is
             DefaultStreamCapture."""),
         ("CAP-4", """Beginning a capture while another capture is active fails with a
-            CaptureError.""", """The error is NestedCapture."""),
+            CaptureError. No device capture is active during a break body: a breakable capture
+            begun there raises a CaptureError or captures independently and leaves the outer
+            capture correct.""", """The error is NestedCapture, in a break body too."""),
         ("CAP-5", """Ending a capture while a stream forked from the capturing stream has not been
             joined back fails with a CaptureError.""", """The error is UnjoinedStream."""),
         ("CAP-6", """A capture the backend invalidates for another reason fails with a

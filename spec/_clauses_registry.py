@@ -31,11 +31,15 @@ define(
             that overlaps the pad region wins over the pad reset."""),
         ("REG-5", """The head [0:raw] of a slot is copied from the batch attribute of the slot's
             name (skipped when missing or None, or with copy_from_fb False); with source_fn, from
-            its result into the source-length prefix (skipped when None).""", """(launch
-            structure, capability launch_structure) Copies into dense device destinations are
-            grouped by (destination dtype, source dtype) into one foreach copy per group,
-            strided ones are copied on their own, and host destinations of a device registry are
-            copied after all of them; pad resets are one foreach zero per dtype."""),
+            its result into the source-length prefix (skipped when None), on a slot padded along
+            dimension 0. A fill of valid sources is accepted.""", """A dotted name of a
+            plain-copy slot resolves as an attribute path on the batch (grp.s0 reads
+            batch.grp.s0), and source_fn is honoured on a slot padded along any dimension.
+            (launch structure, capability launch_structure) Copies into dense device
+            destinations are grouped by (destination dtype, source dtype) into one foreach copy
+            per group, strided ones are copied on their own, and host destinations of a device
+            registry are copied after all of them; pad resets are one foreach zero per
+            dtype."""),
         ("REG-6", """slot.slice_for(padded_bs, padded_num_tokens) returns a view, never a copy,
             of the padded prefix (slice_fn's when given; the whole buffer for axis 'none'):
             it shares the buffer's storage, and writes through it land in the buffer.""",
