@@ -10,12 +10,13 @@ skipped with a reason naming it, and collection never breaks. The built-in backe
 Parts, and the names each must provide (a module, a class instance or a ``SimpleNamespace``):
 
 - ``device``: a zero-argument factory of a :class:`spec.DeviceModule` (the fake, CUDA, yours).
-- ``registry``: :data:`REGISTRY_NAMES` (``impl``'s input-buffer registry API).
-- ``breakable``: :data:`BREAKABLE_NAMES` (``impl``'s breakable-graph API).
-- ``runners``: :data:`RUNNER_NAMES` (a decode runner class shaped like
-  :class:`impl.CudaGraphRunner`), optionally ``BreakableCudaGraphRunner`` and the manager
-  names (:data:`RUNNER_OPTIONAL_NAMES`); scenarios plug them into ``impl.ModelRunner`` over the
-  reference models and KV cache, and skip, naming what is missing, the ones they need.
+- ``registry``: :data:`REGISTRY_NAMES`, derived from :class:`spec.RegistryAPI`.
+- ``breakable``: :data:`BREAKABLE_NAMES`, derived from :class:`spec.BreakableAPI`.
+- ``runners``: :data:`RUNNER_NAMES`, derived from :class:`spec.RunnersAPI` (a decode runner
+  class shaped like :class:`impl.CudaGraphRunner`), optionally ``BreakableCudaGraphRunner``
+  and the manager names (:data:`RUNNER_OPTIONAL_NAMES`); scenarios plug them into
+  ``impl.ModelRunner`` over the reference models and KV cache, and skip, naming what is
+  missing, the ones they need.
 
 A part may also leave out *builder features* an engine does not have (the SWA slot of the
 registry builders, mamba or encoder slots): the suite probes them and skips, with the reason,
@@ -25,6 +26,8 @@ the scenarios that need them.
 from __future__ import annotations
 
 from typing import Final, Literal
+
+from spec import contracts
 
 __all__ = [
     "BREAKABLE_NAMES",
@@ -41,43 +44,17 @@ Part = Literal["registry", "breakable", "runners"]
 
 PARTS: Final[tuple[Part, ...]] = ("registry", "breakable", "runners")
 
-REGISTRY_NAMES: Final = (
-    "CudaGraphBufferRegistry",
-    "FillContext",
-    "GraphSlot",
-    "PaddingPolicy",
-    "build_decode_registry",
-    "build_prefill_registry",
-    "clear_input_buffer_pool",
-    "share_input_buffer",
-)
-"""What a ``registry`` part provides: ``impl``'s names and semantics (``REG-*``, ``POOL-*``)."""
+REGISTRY_NAMES: Final = contracts.REGISTRY_NAMES
+"""What a ``registry`` part provides: :class:`spec.RegistryAPI`'s names (``REG-*``, ``POOL-*``)."""
 
-BREAKABLE_NAMES: Final = (
-    "BreakableCUDAGraph",
-    "BreakableCUDAGraphCapture",
-    "break_graph",
-    "eager_on_graph",
-    "enable_breakable_cuda_graph",
-    "get_replay_id",
-    "get_replay_stream",
-    "is_in_breakable_cuda_graph",
-)
-"""What a ``breakable`` part provides, with ``impl``'s names and semantics (``BCG-*``)."""
+BREAKABLE_NAMES: Final = contracts.BREAKABLE_NAMES
+"""What a ``breakable`` part provides: :class:`spec.BreakableAPI`'s names (``BCG-*``)."""
 
-RUNNER_NAMES: Final = ("CudaGraphRunner",)
-"""What a ``runners`` part provides at least: a decode runner class built as
-``CudaGraphRunner(model_runner, capture_bs=sizes, **options)`` with ``impl.CudaGraphRunner``'s
-gate (``runner(batch)``), ``can_run``, ``replay``, ``stats`` and ``graphs`` (``RUN-*``)."""
+RUNNER_NAMES: Final = contracts.RUNNER_NAMES
+"""What a ``runners`` part provides at least: :class:`spec.RunnersAPI`'s names (``RUN-*``)."""
 
-RUNNER_OPTIONAL_NAMES: Final = (
-    "BatchDescriptor",
-    "BreakableCudaGraphRunner",
-    "CUDAGraphMode",
-    "CudaGraphManager",
-    "CudagraphDispatcher",
-)
-"""Runner names a ``runners`` part may add (the breakable prefill runner, the manager); tests
+RUNNER_OPTIONAL_NAMES: Final = contracts.RUNNER_OPTIONAL_NAMES
+"""Runner names a ``runners`` part may add (``spec.contracts.RunnersOptionalAPI``); tests
 needing one it lacks are skipped with the name."""
 
 REQUIRED_NAMES: Final[dict[Part, tuple[str, ...]]] = {

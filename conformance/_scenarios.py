@@ -21,7 +21,7 @@ import impl
 from spec import DeviceModule
 
 from ._isolation import ScenarioContext, describe_error
-from .mutants import capture_class
+from .mutants import mutant_capture
 
 __all__ = [
     "CAPTURE_FAILURES",
@@ -375,7 +375,7 @@ def _regression_api(ctx: ScenarioContext, variant: str) -> tuple[Any, Any]:
     if variant == "reference":
         api = ctx.breakable
         return api, api.BreakableCUDAGraphCapture
-    return impl, capture_class(variant)
+    return impl, mutant_capture(variant)
 
 
 _CHURN = 256  # tensors allocated to take over every freed small block of the stream

@@ -1,8 +1,11 @@
 """Mutants: deliberately broken variants of the reference breakable capture and registry.
 
-Each mutant reproduces a bug seen in the field: for breakable graphs a subclass of
-:class:`impl.BreakableCUDAGraphCapture` that overrides one recording step, for the registry a
-builder that declares one slot with the wrong padding policy. A regression test runs
+Each mutant reproduces a bug seen in the field, built only from ``impl``'s documented seams
+(no private method is overridden): for breakable graphs hooks on the steps of
+:class:`impl.BreakableCUDAGraphCapture` (``impl.CAPTURE_STEPS``), for runners hooks on their
+steps (``impl.DECODE_STEPS``, ``impl.PREFILL_STEPS``) or a model runner with another KV cache
+or attention backend factory, for the registry a builder that declares one slot with the wrong
+padding policy. A regression test runs
 its scenario on the reference and on the mutant and requires the reference to pass and the
 mutant to be *detected* (a wrong result, or an error), on every backend: on the fake through its
 hazard errors, on CUDA through the corrupted data itself.
@@ -52,35 +55,25 @@ stream, after ops that read it).
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
 import torch
 
 import impl
 from spec import DeviceModule
+from spec.contracts import BREAKABLE_NAMES
 
 __all__ = [
     "DECODE_MUTANTS",
-    "DroppedWaitCapture",
-    "ErrorReplacedCapture",
-    "LazyBitsDroppedCapture",
-    "LeakedSetupStateCapture",
     "MUTANTS",
-    "OneLevelResultCopyCapture",
-    "OpenAfterFailedJoinCapture",
     "PREFILL_MUTANTS",
     "REGISTRY_MUTANTS",
-    "ScratchMarkPerPoolCapture",
-    "UnjoinedForkCapture",
-    "UnorderedEntryCapture",
-    "UnorderedExitCapture",
-    "WeakInputsCapture",
-    "WeakResultCapture",
-    "capture_class",
     "mutant_api",
+    "mutant_capture",
 ]
 
 
@@ -165,59 +158,38 @@ class _WeakResultBreak(_MutantBreak):
         return call
 
 
-class WeakInputsCapture(impl.BreakableCUDAGraphCapture):
-    """Mutant: break inputs held as weak references (``BCG-7``)."""
-
-    def _make_break(self, fn: Any, args: Any, kwargs: Any, result: Any) -> Any:
-        return _WeakInputsBreak(self.device, fn, args, kwargs, result)
+# Each breakable-capture mutant is a set of hooks on impl.BreakableCUDAGraphCapture's documented
+# steps (impl.CAPTURE_STEPS); every hook is ``hook(capture, proceed, *args)``.
 
 
-class WeakResultCapture(impl.BreakableCUDAGraphCapture):
-    """Mutant: the capture-time result, an eager allocation outside the pool, held as a weak
-    reference (``BCG-7``)."""
-
-    def _break_results(self) -> Any:
-        return contextlib.nullcontext(lambda result: result)
-
-    def _make_break(self, fn: Any, args: Any, kwargs: Any, result: Any) -> Any:
-        return _WeakResultBreak(self.device, fn, args, kwargs, result)
+def _weak_inputs(capture: Any, proceed: Any, fn: Any, args: Any, kwargs: Any, result: Any) -> Any:
+    return _WeakInputsBreak(capture.device, fn, args, kwargs, result)
 
 
-class ScratchMarkPerPoolCapture(impl.BreakableCUDAGraphCapture):
-    """Mutant: scratch tracked from the first capture into a pool instead of from each capture's
-    start (``BCG-7``), so another graph's output in the pool counts as this graph's scratch."""
-
-    # By pool token, weakly where the token allows (the fake's): a mutant leaks nothing.
-    _trackers: ClassVar[weakref.WeakKeyDictionary[Any, Any]] = weakref.WeakKeyDictionary()
-    _by_value: ClassVar[dict[Any, Any]] = {}
-
-    def _track_scratch(self, pool: Any) -> Any:
-        trackers: Any = self._by_value if isinstance(pool, tuple) else self._trackers
-        tracker = trackers.get(pool)
-        if tracker is None:
-            tracker = trackers[pool] = super()._track_scratch(pool)
-        return tracker
+def _weak_result(capture: Any, proceed: Any, fn: Any, args: Any, kwargs: Any, result: Any) -> Any:
+    return _WeakResultBreak(capture.device, fn, args, kwargs, result)
 
 
-class UnjoinedForkCapture(impl.BreakableCUDAGraphCapture):
-    """Mutant: forked side streams are not joined before a segment ends (``BCG-9``)."""
-
-    def _join_forks(self) -> None:
-        return None
+def _results_as_they_are(capture: Any, proceed: Any) -> Any:
+    # The eager result is not moved into the pool: it stays where the call allocated it.
+    return contextlib.nullcontext(lambda result: result)
 
 
-class UnorderedEntryCapture(impl.BreakableCUDAGraphCapture):
-    """Mutant: the capture stream does not wait for the caller's stream on entry (``ORD-4``)."""
-
-    def _order_after_caller(self, caller: Any) -> None:
-        return None
+# By pool token, weakly where the token allows (the fake's): a mutant leaks nothing.
+_TRACKERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_TRACKERS_BY_VALUE: dict[Any, Any] = {}
 
 
-class UnorderedExitCapture(impl.BreakableCUDAGraphCapture):
-    """Mutant: the caller's stream does not wait for the capture stream on exit (``ORD-4``)."""
+def _scratch_mark_per_pool(capture: Any, proceed: Any, pool: Any) -> Any:
+    trackers: Any = _TRACKERS_BY_VALUE if isinstance(pool, tuple) else _TRACKERS
+    tracker = trackers.get(pool)
+    if tracker is None:
+        tracker = trackers[pool] = proceed(pool)
+    return tracker
 
-    def _join_caller(self, caller: Any) -> None:
-        return None
+
+def _skip(capture: Any, proceed: Any, *args: Any) -> None:
+    return None
 
 
 def _without_lazy_bits(value: Any) -> Any:
@@ -232,14 +204,12 @@ def _without_lazy_bits(value: Any) -> Any:
     return value
 
 
-class LazyBitsDroppedCapture(impl.BreakableCUDAGraphCapture):
-    """Mutant: break arguments held as aliases rebuilt from their memory, so a lazily negated
-    or conjugated view is replayed without its negation (``BCG-6``)."""
-
-    def _make_break(self, fn: Any, args: Any, kwargs: Any, result: Any) -> Any:
-        args = tuple(_without_lazy_bits(a) for a in args)
-        kwargs = {k: _without_lazy_bits(v) for k, v in kwargs.items()}
-        return super()._make_break(fn, args, kwargs, result)
+def _lazy_bits_dropped(
+    capture: Any, proceed: Any, fn: Any, args: Any, kwargs: Any, result: Any
+) -> Any:
+    args = tuple(_without_lazy_bits(a) for a in args)
+    kwargs = {k: _without_lazy_bits(v) for k, v in kwargs.items()}
+    return proceed(fn, args, kwargs, result)
 
 
 def _copy_one_level(dest: Any, src: Any) -> None:
@@ -272,103 +242,80 @@ class _OneLevelCopyBreak(_MutantBreak):
         return lambda: _copy_one_level(result, fn(*args, **kwargs))
 
 
-class OneLevelResultCopyCapture(impl.BreakableCUDAGraphCapture):
-    """Mutant: results copied back one level deep, so a result in a nested container or an
-    object with ``__slots__`` replays with its capture-time values (``BCG-6``)."""
-
-    def _make_break(self, fn: Any, args: Any, kwargs: Any, result: Any) -> Any:
-        return _OneLevelCopyBreak(fn, args, kwargs, result)
+def _one_level_result_copy(
+    capture: Any, proceed: Any, fn: Any, args: Any, kwargs: Any, result: Any
+) -> Any:
+    return _OneLevelCopyBreak(fn, args, kwargs, result)
 
 
-class OpenAfterFailedJoinCapture(impl.BreakableCUDAGraphCapture):
-    """Mutant: when joining the forks at the capture's end raises, the last segment's capture
-    is left open (``BCG-10``)."""
+class _KeptOnError:
+    """An activation whose undo is skipped when an exception passes through it."""
 
-    def _abort_if_open(self) -> None:
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __enter__(self) -> None:
+        self.inner.__enter__()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if exc_type is None:
+            self.inner.__exit__(None, None, None)
+        return False  # the field bug: no finally, so a failed setup leaves the capture active
+
+
+def _activation_kept_on_error(capture: Any, proceed: Any) -> Any:
+    return _KeptOnError(proceed())
+
+
+def _error_replaced(capture: Any, proceed: Any, exc: BaseException) -> None:
+    proceed(exc)
+    raise AssertionError
+
+
+def _waits_on_idle_streams_dropped(capture: Any, proceed: Any, waiter: Any, other: Any) -> Any:
+    capturing = capture.device.is_stream_capturing
+    if capturing(waiter) and not capturing(other):
         return None
+    return proceed(waiter, other)
 
 
-class LeakedSetupStateCapture(impl.BreakableCUDAGraphCapture):
-    """Mutant: a capture whose setup fails (the first segment cannot begin) leaves itself as
-    the active capture, so later decorated calls try to record into it (``BCG-10``)."""
-
-    def __enter__(self) -> Any:
-        try:
-            return super().__enter__()
-        except BaseException:
-            from impl.breakable._breakable_state import ACTIVE_CAPTURE
-
-            ACTIVE_CAPTURE.set(self)  # set before setup, never reset when setup failed
-            raise
-
-
-class ErrorReplacedCapture(impl.BreakableCUDAGraphCapture):
-    """Mutant: a body's exception replaced by a bare assertion of the capture's own state
-    (``BCG-10``)."""
-
-    def _abort(self, exc: BaseException) -> None:
-        super()._abort(exc)
-        raise AssertionError
-
-
-class DroppedWaitCapture(impl.BreakableCUDAGraphCapture):
-    """Mutant: the stream hook drops every wait of a capturing stream on a stream that is not
-    capturing, not only the join of a fork an earlier break joined, so a wait on work done
-    eagerly in a break body is lost (``BCG-9``, ``BCG-10``)."""
-
-    def __enter__(self) -> Any:
-        graph = super().__enter__()
-        tracker = self._tracker
-        if tracker is not None:
-            track = tracker.on_wait_stream
-            capturing = self.device.is_stream_capturing
-
-            def dropping(waiter: Any, other: Any) -> Any:
-                if capturing(waiter) and not capturing(other):
-                    return None
-                return track(waiter, other)
-
-            tracker.on_wait_stream = dropping  # type: ignore[method-assign]
-        return graph
-
-
-MUTANTS: Final[dict[str, type[impl.BreakableCUDAGraphCapture]]] = {
-    "weak_inputs": WeakInputsCapture,
-    "weak_result": WeakResultCapture,
-    "scratch_mark_per_pool": ScratchMarkPerPoolCapture,
-    "unjoined_fork": UnjoinedForkCapture,
-    "unordered_entry": UnorderedEntryCapture,
-    "unordered_exit": UnorderedExitCapture,
-    "lazy_bits_dropped": LazyBitsDroppedCapture,
-    "one_level_result_copy": OneLevelResultCopyCapture,
-    "open_after_failed_join": OpenAfterFailedJoinCapture,
-    "leaked_setup_state": LeakedSetupStateCapture,
-    "error_replaced": ErrorReplacedCapture,
-    "dropped_wait": DroppedWaitCapture,
+MUTANTS: Final[dict[str, dict[str, Callable[..., Any]]]] = {
+    "weak_inputs": {"make_break": _weak_inputs},
+    "weak_result": {"break_results": _results_as_they_are, "make_break": _weak_result},
+    "scratch_mark_per_pool": {"track_scratch": _scratch_mark_per_pool},
+    "unjoined_fork": {"join_forks": _skip},
+    "unordered_entry": {"order_after_caller": _skip},
+    "unordered_exit": {"join_caller": _skip},
+    "lazy_bits_dropped": {"make_break": _lazy_bits_dropped},
+    "one_level_result_copy": {"make_break": _one_level_result_copy},
+    "open_after_failed_join": {"close_open_segment": _skip},
+    "leaked_setup_state": {"activate": _activation_kept_on_error},
+    "error_replaced": {"abort": _error_replaced},
+    "dropped_wait": {"wait_stream": _waits_on_idle_streams_dropped},
 }
-"""Mutant name -> capture class."""
+"""Mutant name -> the hooks (step -> hook) it puts on ``impl.BreakableCUDAGraphCapture``."""
 
 
-def mutant_api(variant: str) -> Any:
-    """``impl``'s breakable API with the capture class of ``variant`` (:func:`capture_class`):
-    what a core test's body runs to show that it detects the mutant's defect."""
-    from ._adapter import BREAKABLE_NAMES
-
-    names = {name: getattr(impl, name) for name in BREAKABLE_NAMES}
-    names["BreakableCUDAGraphCapture"] = capture_class(variant)
-    return SimpleNamespace(**names)
-
-
-def capture_class(variant: str) -> type[impl.BreakableCUDAGraphCapture]:
-    """``impl.BreakableCUDAGraphCapture`` for ``"reference"``, else the named mutant."""
+def mutant_capture(variant: str) -> Callable[..., impl.BreakableCUDAGraphCapture]:
+    """``impl.BreakableCUDAGraphCapture`` for ``"reference"``, else a factory of captures with
+    the named mutant's hooks (same arguments)."""
     if variant == "reference":
         return impl.BreakableCUDAGraphCapture
     try:
-        return MUTANTS[variant]
+        hooks = MUTANTS[variant]
     except KeyError:
         raise ValueError(
             f"variant must be 'reference' or one of {sorted(MUTANTS)}, got {variant!r}"
         ) from None
+    return functools.partial(impl.BreakableCUDAGraphCapture, hooks=hooks)
+
+
+def mutant_api(variant: str) -> Any:
+    """``impl``'s breakable API with the capture of ``variant`` (:func:`mutant_capture`): what a
+    core test's body runs to show that it detects the mutant's defect."""
+    names = {name: getattr(impl, name) for name in BREAKABLE_NAMES}
+    names["BreakableCUDAGraphCapture"] = mutant_capture(variant)
+    return SimpleNamespace(**names)
 
 
 def _swa_pad_kept(**kwargs: Any) -> impl.CudaGraphBufferRegistry:
@@ -415,37 +362,37 @@ def _positions_pad_kept(**kwargs: Any) -> impl.CudaGraphBufferRegistry:
 
 
 
-def _registry_runner(build: Callable[..., impl.CudaGraphBufferRegistry]) -> type:
-    class RegistryMutantRunner(impl.CudaGraphRunner):
-        def _build_registry(self) -> impl.CudaGraphBufferRegistry:
-            config = self.model_runner.model.config
-            return build(
-                device=self.device.device, max_bs=self.max_bs, max_num_token=self.max_bs,
-                seq_len_fill_value=1, cache_loc_dtype=torch.int64,
-                is_hybrid_swa=config.is_hybrid_swa, share_pool=False,
-            )
+def _registry_built_by(build: Callable[..., impl.CudaGraphBufferRegistry]) -> Callable[..., Any]:
+    """A ``build_registry`` hook building the decode registry with ``build`` instead."""
 
-    return RegistryMutantRunner
+    def build_registry(runner: Any, proceed: Any) -> impl.CudaGraphBufferRegistry:
+        return build(
+            device=runner.device.device, max_bs=runner.max_bs, max_num_token=runner.max_bs,
+            seq_len_fill_value=1, cache_loc_dtype=torch.int64,
+            is_hybrid_swa=runner.target.config.is_hybrid_swa, share_pool=False,
+        )
 
-
-class SwaLocNotInstalledRunner(impl.CudaGraphRunner):
-    """Mutant: ``set_swa_loc`` is not called before capture, so every decode graph records a
-    translation per SWA layer (``RUN-1``): correct data, the slow path."""
-
-    def _static_swa_loc(self) -> Any:
-        return contextlib.nullcontext()
+    return build_registry
 
 
-class InGraphHalfOutsideRunner(impl.CudaGraphRunner):
-    """Mutant: the in-graph metadata half runs eagerly before capture instead of inside the
-    graph, and not before replay: replay reads the capture batch's metadata (``RUN-5``)."""
+def _no_swa_loc(runner: Any, proceed: Any) -> Any:
+    # set_swa_loc is never installed: every decode graph records a translation per SWA layer
+    # (RUN-1): correct data, the slow path.
+    return contextlib.nullcontext()
 
-    def _prepare_capture(self, batch: Any) -> None:
-        super()._prepare_capture(batch)
-        self.model_runner.attn_backend.init_forward_metadata_in_graph(batch)
 
-    def _record_forward(self, batch: Any) -> torch.Tensor:
-        return self.model_runner.model(batch)
+def _out_graph_half_only(runner: Any, proceed: Any, batch: Any) -> None:
+    runner.target.init_metadata_out_graph(batch)
+
+
+def _decode_runner(**hooks: Callable[..., Any]) -> Callable[..., impl.CudaGraphRunner]:
+    """A decode-runner factory with the reference's arguments and ``hooks`` added."""
+    return functools.partial(impl.CudaGraphRunner, hooks=hooks)
+
+
+def _prefill_runner(**hooks: Callable[..., Any]) -> Callable[..., impl.BreakableCudaGraphRunner]:
+    """A prefill-runner factory with the reference's arguments and ``hooks`` added."""
+    return functools.partial(impl.BreakableCudaGraphRunner, hooks=hooks)
 
 
 class _CachingSWAKVCache(impl.HybridSWAKVCache):
@@ -464,20 +411,8 @@ class _CachingSWAKVCache(impl.HybridSWAKVCache):
         return found
 
 
-class TranslationCacheModelRunner(impl.ModelRunner):
-    """Mutant (with a slow-path decode runner): SWA translations cached by ``data_ptr``
-    (``RUN-4``)."""
-
-    def _make_kv_cache(self) -> impl.KVCache:
-        kv = super()._make_kv_cache()
-        if not isinstance(kv, impl.HybridSWAKVCache):
-            return kv
-        return _CachingSWAKVCache(
-            layer_types=kv.layer_types, num_kv_heads=kv.k_buffer[0].shape[1],
-            head_dim=kv.k_buffer[0].shape[2], size=kv.size, max_requests=kv.max_requests,
-            max_context_len=kv.max_context_len, dtype=kv.k_buffer[0].dtype, device=kv.device,
-            swa_size=kv.swa_size, sliding_window=kv.sliding_window,
-        )
+def _caching_kv_cache(**kwargs: Any) -> impl.KVCache:
+    return _CachingSWAKVCache(**kwargs) if "swa_size" in kwargs else impl.KVCache(**kwargs)
 
 
 class _AllocatingBackend(impl.TorchAttentionBackend):
@@ -500,35 +435,6 @@ class _AllocatingBackend(impl.TorchAttentionBackend):
         meta.upgrade(**fields)
 
 
-class AllocatingMetadataModelRunner(impl.ModelRunner):
-    """Mutant (with a replay-prep decode runner): the in-graph half allocates new metadata
-    tensors per call (``RUN-6``)."""
-
-    attention_backend_cls = _AllocatingBackend
-
-
-class LogitsInGraphPrefillRunner(impl.BreakableCudaGraphRunner):
-    """Mutant: the whole model, ``compute_logits`` included, is captured with the one-request
-    placeholder, baking one request into the graph (``RUN-7``)."""
-
-    def _captured_forward(self, batch: Any) -> Any:
-        return self.model_runner.model(batch)
-
-    def _outputs(self, captured: Any, batch: Any) -> torch.Tensor:
-        return captured.clone()
-
-
-class OutOfGraphHalfOnlyPrefillRunner(impl.BreakableCudaGraphRunner):
-    """Mutant: replay runs only the out-of-graph metadata half (the regression after the
-    buffer-registry refactor, ``RUN-8``); capture still ran both."""
-
-    def _prepare_capture(self, batch: Any) -> None:
-        self.model_runner.attn_backend.init_forward_metadata(batch)
-
-    def _prepare_replay(self, batch: Any) -> None:
-        self.model_runner.attn_backend.init_forward_metadata_out_graph(batch)
-
-
 class _LazyUpgradeBackend(impl.TorchAttentionBackend):
     """Upgrades raw metadata lazily, inside the first attention call, on a side stream."""
 
@@ -548,33 +454,78 @@ class _LazyUpgradeBackend(impl.TorchAttentionBackend):
         return super().forward(q, k, v, layer_id, batch, **kwargs)
 
 
-class LazyUpgradeModelRunner(impl.ModelRunner):
-    """Mutant (with :class:`OutOfGraphHalfOnlyPrefillRunner`): metadata upgraded lazily by the
-    first attention call on a side stream, after ops that read it already ran (``RUN-8``)."""
+def _model_runner_with_backend(cls: type[impl.TorchAttentionBackend]) -> Callable[..., Any]:
+    """A model-runner factory (``impl.ModelRunner``'s arguments) whose attention backend is
+    ``cls``, built as the reference builds its own."""
 
-    attention_backend_cls = _LazyUpgradeBackend
+    def make(model: Any, *, device: Any, **kwargs: Any) -> impl.ModelRunner:
+        def backend(kv_cache: impl.KVCache, config: Any) -> impl.TorchAttentionBackend:
+            made = cls(
+                kv_cache, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
+                head_dim=config.head_dim, sliding_window=config.sliding_window,
+                max_bs=kwargs["max_running_requests"], max_num_tokens=kwargs["max_total_tokens"],
+                compressor=config.two_half_metadata,
+            )
+            made.device_module = device  # type: ignore[attr-defined]
+            return made
 
-    def _make_attention_backend(self) -> impl.TorchAttentionBackend:
-        backend = super()._make_attention_backend()
-        backend.device_module = self.device  # type: ignore[attr-defined]
-        return backend
+        return impl.ModelRunner(model, device=device, attention_backend=backend, **kwargs)
+
+    return make
 
 
-DECODE_MUTANTS: Final[dict[str, tuple[type, type, dict[str, Any]]]] = {
-    "swa_loc_not_installed": (impl.ModelRunner, SwaLocNotInstalledRunner, {}),
-    "swa_pad_kept": (impl.ModelRunner, _registry_runner(_swa_pad_kept), {}),
-    "positions_pad_kept": (impl.ModelRunner, _registry_runner(_positions_pad_kept), {}),
-    "translation_cache": (TranslationCacheModelRunner, impl.CudaGraphRunner,
-                          {"swa_fast_path": False}),
-    "in_graph_half_outside": (impl.ModelRunner, InGraphHalfOutsideRunner, {}),
-    "allocating_metadata": (AllocatingMetadataModelRunner, impl.CudaGraphRunner,
-                            {"metadata_in_graph": False}),
+DECODE_MUTANTS: Final[dict[str, tuple[Callable[..., Any], Callable[..., Any], dict[str, Any]]]] = {
+    "swa_loc_not_installed": (impl.ModelRunner, _decode_runner(static_swa_loc=_no_swa_loc), {}),
+    "swa_pad_kept": (
+        impl.ModelRunner, _decode_runner(build_registry=_registry_built_by(_swa_pad_kept)), {}
+    ),
+    "positions_pad_kept": (
+        impl.ModelRunner,
+        _decode_runner(build_registry=_registry_built_by(_positions_pad_kept)), {},
+    ),
+    "translation_cache": (
+        functools.partial(impl.ModelRunner, kv_cache=_caching_kv_cache), impl.CudaGraphRunner,
+        {"swa_fast_path": False},
+    ),
+    # The in-graph half runs eagerly before capture (both halves there, none in the graph)
+    # and only the out-of-graph half before replay: replay reads the capture batch's metadata.
+    "in_graph_half_outside": (
+        impl.ModelRunner, _decode_runner(prepare_replay=_out_graph_half_only),
+        {"metadata_in_graph": False},
+    ),
+    "allocating_metadata": (
+        _model_runner_with_backend(_AllocatingBackend), impl.CudaGraphRunner,
+        {"metadata_in_graph": False},
+    ),
 }
-"""Decode-runner mutant name -> (model runner class, decode runner class, runner options)."""
+"""Decode-runner mutant name -> (model runner factory, decode runner factory, runner options),
+each a reference factory with hooks or arguments that reproduce the field regression."""
 
-PREFILL_MUTANTS: Final[dict[str, tuple[type, type]]] = {
-    "logits_in_graph": (impl.ModelRunner, LogitsInGraphPrefillRunner),
-    "out_graph_half_only": (impl.ModelRunner, OutOfGraphHalfOnlyPrefillRunner),
-    "lazy_upgrade_on_side_stream": (LazyUpgradeModelRunner, OutOfGraphHalfOnlyPrefillRunner),
+
+def _whole_model_captured(runner: Any, proceed: Any, batch: Any) -> Any:
+    # The whole model, compute_logits included, with the one-request placeholder (RUN-7).
+    return runner.target.model(batch)
+
+
+def _captured_logits(runner: Any, proceed: Any, captured: Any, batch: Any) -> torch.Tensor:
+    return captured.clone()
+
+
+_OUT_GRAPH_HALF_ONLY_PREFILL = _prefill_runner(prepare_replay=_out_graph_half_only)
+
+PREFILL_MUTANTS: Final[dict[str, tuple[Callable[..., Any], Callable[..., Any]]]] = {
+    "logits_in_graph": (
+        impl.ModelRunner,
+        _prefill_runner(captured_forward=_whole_model_captured, outputs=_captured_logits),
+    ),
+    # Replay runs only the out-of-graph half (the regression after the buffer-registry
+    # refactor, RUN-8); capture still runs both.
+    "out_graph_half_only": (impl.ModelRunner, _OUT_GRAPH_HALF_ONLY_PREFILL),
+    # Metadata upgraded lazily by the first attention call on a side stream, after ops that
+    # read it already ran (RUN-8).
+    "lazy_upgrade_on_side_stream": (
+        _model_runner_with_backend(_LazyUpgradeBackend), _OUT_GRAPH_HALF_ONLY_PREFILL
+    ),
 }
-"""Prefill-runner mutant name -> (model runner class, prefill runner class)."""
+"""Prefill-runner mutant name -> (model runner factory, prefill runner factory)."""
+

@@ -162,8 +162,7 @@ class _Wrapped(nn.Module):
     def __init__(self, inner: impl.CausalLM) -> None:
         super().__init__()
         self.language_model = inner
-        self.config = inner.config
-        self.lm_head = inner.lm_head
+        self.runner_config = inner.runner_config  # MODEL-1: what the runners read
 
     def compute_logits(self, hidden: torch.Tensor, batch: Any) -> torch.Tensor:
         return self.language_model.compute_logits(hidden, batch)

@@ -20,7 +20,7 @@ import torch
 
 import spec
 from conformance._runner_scenarios import KINDS, expect_close, make_runner
-from conformance.mutants import capture_class
+from conformance.mutants import mutant_capture
 
 needs_order = pytest.mark.capability("stream_order")
 
@@ -289,7 +289,7 @@ def test_breakable_capture_without_a_wait_races(
 ) -> None:
     # The mutants are variants of impl (conformance.mutants); the reference passes above.
     with pytest.raises(spec.StreamRace):
-        _breakable_round_trip(device, breakable_api, capture_class(variant))
+        _breakable_round_trip(device, breakable_api, mutant_capture(variant))
 
 
 # ---------------------------------------------------------------------------------------------

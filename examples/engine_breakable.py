@@ -85,24 +85,27 @@ class BreakableCUDAGraph(impl.BreakableCUDAGraph):
 
 
 class BreakableCUDAGraphCapture(impl.BreakableCUDAGraphCapture):
-    """``impl``'s capture with this engine's choices (see the module docstring)."""
+    """``impl``'s capture with this engine's choices (see the module docstring), made through
+    its documented hooks."""
 
     def __init__(self, graph: Any, pool: Any = None, **kwargs: Any) -> None:
         super().__init__(graph, pool=pool, **kwargs)
-        self._pool_per_segment = pool is None
+        if pool is None:
+            self.register_hook("segment_pool", _private_pool)
+        self.register_hook("track_scratch", _no_scratch)
 
     def __enter__(self) -> Any:
         if self.graph.state is not GraphState.EMPTY:
             self.graph.reset()  # a new capture replaces the one held
         return super().__enter__()
 
-    def _begin_segment(self) -> None:
-        if self._pool_per_segment:
-            self.pool = self.device.graph_pool_handle()
-        super()._begin_segment()
 
-    def _track_scratch(self, pool: Any) -> None:
-        return None  # every capture allocation stays owned by the graph
+def _private_pool(capture: Any, proceed: Any) -> Any:
+    return capture.device.graph_pool_handle()  # each segment in a pool of its own
+
+
+def _no_scratch(capture: Any, proceed: Any, pool: Any) -> None:
+    return None  # every capture allocation stays owned by the graph
 
 
 def _refuse_unsupported(result: Any) -> None:

@@ -34,8 +34,8 @@ define(
             unpadded batch, before any captured op or forked side stream reads the metadata."""),
         ("RUN-9", """A model without get_layer_stack() gives correct results through the prefill
             runner: served as a breakable graph when its usual attributes (language_model,
-            model) lead to a module with layers, else every batch runs eagerly (never a
-            crash).""",
+            model) lead to a module with layers called as the layer stack of MODEL-3, else
+            every batch runs eagerly (never a crash).""",
          """Both cases log a warning; the resolved model is captured once per size, the
             unresolved one not at all and never replayed."""),
         ("RUN-10", """The dispatcher pads to the smallest captured size >= n and picks FULL with
@@ -47,8 +47,11 @@ define(
             and leaving, on every reference model kind (tokens equal, logits within 1e-3)."""),
         ("RUN-12", """A runner's gate gives eager's results for every batch: those it serves by
             replay (at most its largest captured size) and those it declines and runs
-            eagerly.""",
-         """Captures, replays and eager fallbacks are counted (the stats objects): one capture
-            per size, one replay per served batch, one fallback per declined batch."""),
+            eagerly. (The gate runner(batch) is the shape of one release; the contract is
+            decide(batch) -> key or None, once per step from host values, then run(key, batch)
+            trusting the key, with the caller running a declined batch eagerly.)""",
+         """Captures, replays and eager fallbacks are counted in the runner's own stats: one
+            capture per size, one replay per served batch, one fallback per batch its decide
+            (or its gate) declined, whichever object then ran it eagerly."""),
     ],
 )

@@ -1,7 +1,7 @@
 """Breakable CUDA graphs: segments of device graphs with eager calls (breaks) between them, the
 capture context manager, and the markers model code uses (``eager_on_graph``, ``break_graph``)."""
 
-from ._breakable_capture import BreakableCUDAGraphCapture, default_capture_stream
+from ._breakable_capture import CAPTURE_STEPS, BreakableCUDAGraphCapture, default_capture_stream
 from ._breakable_graph import BreakableCUDAGraph
 from ._breakable_state import get_replay_id, get_replay_stream, is_in_breakable_cuda_graph
 from ._eager_on_graph import break_graph, eager_on_graph, enable_breakable_cuda_graph
@@ -12,6 +12,7 @@ __all__ = [
     "BreakTiming",
     "BreakableCUDAGraph",
     "BreakableCUDAGraphCapture",
+    "CAPTURE_STEPS",
     "GraphBreak",
     "ReplayProfile",
     "break_graph",

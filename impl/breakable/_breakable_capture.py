@@ -8,7 +8,7 @@ the next one, and leaving ends the last segment.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
 
@@ -25,13 +25,20 @@ from spec import (
     check_capture_error_mode,
 )
 
+from .._hooks import RemovableHandle, StepHooks
 from ._breakable_graph import BreakableCUDAGraph
 from ._breakable_state import ACTIVE_CAPTURE, ENABLED, IN_BREAK_BODY, REPLAY
 from ._graph_break import GraphBreak
 from ._scratch_holds import adopting_results, hold_break
 from ._stream_tracking import ForkTracker, track_forks
 
-__all__ = ["BreakableCUDAGraphCapture", "default_capture_stream"]
+__all__ = ["CAPTURE_STEPS", "BreakableCUDAGraphCapture", "default_capture_stream"]
+
+CAPTURE_STEPS = (
+    "activate", "order_after_caller", "join_caller", "track_scratch", "segment_pool",
+    "join_forks", "wait_stream", "break_results", "make_break", "abort", "close_open_segment",
+)
+"""The steps of :class:`BreakableCUDAGraphCapture` a hook may wrap (see ``register_hook``)."""
 
 
 def default_capture_stream(device: DeviceModule) -> StreamLike:
@@ -65,6 +72,20 @@ class BreakableCUDAGraphCapture:
         barrier_fn: called at every break, after the segment ended and before the eager body
             runs (e.g. a process-group barrier keeping ranks in step during capture). Not called
             at replay.
+        hooks: step name -> hook, registered at once (:meth:`register_hook`).
+
+    **Hooks** (:meth:`register_hook`; each ``hook(capture, proceed, *args)``, documented
+    seams for tools and for the suite's deliberately broken variants): ``activate()`` returns
+    the context manager making this capture the context's active one; ``order_after_caller
+    (caller)`` and ``join_caller(caller)`` order the capture stream after the caller's on entry
+    and the caller's after it on exit; ``track_scratch(pool)`` returns the device's scratch
+    tracking or ``None``; ``segment_pool()`` returns the pool the next segment captures into;
+    ``join_forks()`` joins the forks before a segment ends; ``wait_stream(waiter, other)``
+    decides a ``wait_stream`` call made during the capture; ``break_results()`` returns the
+    context manager around a break's capture-time call yielding the result mapping;
+    ``make_break(fn, args, kwargs, result)`` returns the recorded break (an object with
+    ``name`` and ``replay_callable()``); ``abort(exc)`` ends a failed capture;
+    ``close_open_segment()`` closes a segment left open on exit.
 
     **Where work is recorded.** Each segment is one ``device.graph(segment, pool, stream,
     capture_error_mode)`` capture on the capture stream (made current for the body), including
@@ -119,6 +140,7 @@ class BreakableCUDAGraphCapture:
         stream: StreamLike | None = None,
         capture_error_mode: CaptureErrorMode = "global",
         barrier_fn: Callable[[], Any] | None = None,
+        hooks: Mapping[str, Callable[..., Any]] | None = None,
     ) -> None:
         if not isinstance(graph, BreakableCUDAGraph):
             raise TypeError(f"graph must be a BreakableCUDAGraph, got {type(graph).__name__}")
@@ -135,6 +157,14 @@ class BreakableCUDAGraphCapture:
         self._open_segment: AbstractContextManager[Any] | None = None
         self._tracker: ForkTracker | None = None
         self._scratch: CaptureScratch | None = None
+        self._hooks = StepHooks("BreakableCUDAGraphCapture", CAPTURE_STEPS)
+        for step, hook in (hooks or {}).items():
+            self._hooks.register(step, hook)
+
+    def register_hook(self, step: str, hook: Callable[..., Any]) -> RemovableHandle:
+        """Wrap one of the steps listed in the class docstring with
+        ``hook(capture, proceed, *args)``; the handle's ``remove()`` takes it off."""
+        return self._hooks.register(step, hook)
 
     # -- context manager ------------------------------------------------------------------------
 
@@ -153,21 +183,30 @@ class BreakableCUDAGraphCapture:
         pool = self.pool if self.pool is not None else device.graph_pool_handle()
         self.stream, self.pool = stream, pool
         caller = device.current_stream()
+        hooks = self._hooks
         with ExitStack() as stack:
-            self._order_after_caller(caller)
+            hooks.call("order_after_caller", self, self._order_after_caller, caller)
             # Registered first, so it runs last: after the last segment ended (or the capture
             # was aborted) and the caller's stream is current again (ORD-4).
-            stack.callback(self._join_caller, caller)
+            stack.callback(hooks.call, "join_caller", self, self._join_caller, caller)
             stack.enter_context(device.stream(stream))
-            self._tracker = stack.enter_context(track_forks(device, stream))
-            stack.enter_context(_set(ACTIVE_CAPTURE, self))
+            self._tracker = stack.enter_context(track_forks(device, stream, self._on_wait_stream))
+            stack.enter_context(hooks.call("activate", self, self._activate))
             stack.enter_context(_set(ENABLED, True))
             graph._begin_capture(pool)
-            self._scratch = self._track_scratch(pool)
-            stack.callback(self._abort_if_open)
+            self._scratch = hooks.call("track_scratch", self, self._track_scratch, pool)
+            stack.callback(hooks.call, "close_open_segment", self, self._abort_if_open)
             self._begin_segment()
             self._exit_stack = stack.pop_all()
         return graph
+
+    def _activate(self) -> AbstractContextManager[None]:
+        """Make this capture the active one of this context for the capture's duration
+        (``eager_on_graph`` calls then split it)."""
+        return _set(ACTIVE_CAPTURE, self)
+
+    def _on_wait_stream(self, tracker: ForkTracker, waiter: Any, other: Any) -> Any:
+        return self._hooks.call("wait_stream", self, tracker.on_wait_stream, waiter, other)
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         stack, self._exit_stack = self._exit_stack, None
@@ -182,7 +221,7 @@ class BreakableCUDAGraphCapture:
                     raise
                 self.graph._finish_capture()
                 return False
-            self._abort(exc)
+            self._hooks.call("abort", self, self._abort, exc)
         return False
 
     # -- stream order ---------------------------------------------------------------------------
@@ -190,8 +229,7 @@ class BreakableCUDAGraphCapture:
     def _order_after_caller(self, caller: StreamLike) -> None:
         """Make the capture stream wait for ``caller``, the stream current on entry: the eager
         break bodies run on the capture stream and read inputs that may have been prepared on
-        ``caller`` (``ORD-4``). A plain wait: nothing is capturing yet.
-        ``conformance.mutants`` overrides this to reproduce the missing wait."""
+        ``caller`` (``ORD-4``). A plain wait: nothing is capturing yet."""
         if not _same_stream(caller, self.stream):
             self.stream.wait_stream(caller)  # type: ignore[union-attr]
 
@@ -209,14 +247,19 @@ class BreakableCUDAGraphCapture:
 
     def _begin_segment(self) -> None:
         segment = self.graph._new_segment()
+        pool = self._hooks.call("segment_pool", self, self._segment_pool)
         ctx = self.device.graph(
-            segment, pool=self.pool, stream=self.stream, capture_error_mode=self.capture_error_mode
+            segment, pool=pool, stream=self.stream, capture_error_mode=self.capture_error_mode
         )
         ctx.__enter__()
         self._open_segment = ctx
 
+    def _segment_pool(self) -> PoolHandle:
+        """The pool every segment captures into (``BCG-12``)."""
+        return self.pool  # type: ignore[return-value]
+
     def _end_segment(self) -> None:
-        self._join_forks()
+        self._hooks.call("join_forks", self, self._join_forks)
         ctx, self._open_segment = self._open_segment, None
         if ctx is None:
             # Only after the body caught an error of a failed segment start and went on.
@@ -229,8 +272,7 @@ class BreakableCUDAGraphCapture:
             ctx.__exit__(None, None, None)
 
     def _join_forks(self) -> None:
-        """Join every stream forked from the capture stream back into it (``BCG-9``).
-        ``conformance.mutants`` overrides this to reproduce an unjoined fork."""
+        """Join every stream forked from the capture stream back into it (``BCG-9``)."""
         if self._tracker is not None:
             self._tracker.join_all()
 
@@ -243,8 +285,7 @@ class BreakableCUDAGraphCapture:
     def _break_results(self) -> AbstractContextManager[Callable[[Any], Any]]:
         """Around a break's capture-time call: yields the function mapping its result to the
         capture-time result, where the result tensors the call allocated are moved into the
-        capture's pool, so they are scratch (``BCG-7``). ``conformance.mutants`` overrides this
-        to reproduce the field bug of an eager result outside the pool held weakly."""
+        capture's pool, so they are scratch (``BCG-7``)."""
         if self._scratch is None:
             return nullcontext(_unchanged)
         return adopting_results(self._scratch)
@@ -253,8 +294,7 @@ class BreakableCUDAGraphCapture:
         self, fn: Callable[..., Any] | None, args: tuple[Any, ...], kwargs: dict[str, Any],
         result: Any,
     ) -> GraphBreak:
-        """Record one break: scratch held through aliases, everything else owned (``BCG-7``);
-        ``conformance.mutants`` overrides this to reproduce the weak-reference field bugs."""
+        """Record one break: scratch held through aliases, everything else owned (``BCG-7``)."""
         return hold_break(self._scratch, fn, args, kwargs, result)
 
     def run_break(
@@ -286,10 +326,12 @@ class BreakableCUDAGraphCapture:
             body = capture_stub if capture_stub is not None else fn
             with (
                 _set(IN_BREAK_BODY, True), _set(REPLAY, (self.device, 0)),
-                self._break_results() as adopt,
+                self._hooks.call("break_results", self, self._break_results) as adopt,
             ):
                 result = adopt(body(*args, **kwargs))
-        self.graph._breaks.append(self._make_break(fn, args, kwargs, result))
+        self.graph._breaks.append(
+            self._hooks.call("make_break", self, self._make_break, fn, args, kwargs, result)
+        )
         self._begin_segment()
         return result
 

@@ -47,10 +47,15 @@ class ForkTracker:
     - Everything else is passed to the original ``wait_stream`` unchanged.
     """
 
-    def __init__(self, device: DeviceModule, origin: StreamLike, original: _WaitStream) -> None:
+    def __init__(
+        self, device: DeviceModule, origin: StreamLike, original: _WaitStream,
+        decide: Callable[[ForkTracker, Any, Any], Any] | None = None,
+    ) -> None:
         self.device = device
         self.origin = origin
         self._original = original
+        # Who decides a call: the tracker itself, or its capture (which may wrap the decision).
+        self._decide = decide
         self.forks: list[StreamLike] = []
 
     def _known(self, stream: StreamLike) -> bool:
@@ -68,6 +73,13 @@ class ForkTracker:
         if waiter_capturing and not other_capturing and self._known(other):
             return None  # joining a fork that an earlier segment end already joined
         return self._original(waiter, other)
+
+    def dispatch(self, waiter: StreamLike, other: StreamLike) -> Any:
+        """A ``waiter.wait_stream(other)`` call of this context: :meth:`on_wait_stream`, or the
+        decision of the capture that made the tracker."""
+        if self._decide is None:
+            return self.on_wait_stream(waiter, other)
+        return self._decide(self, waiter, other)
 
     def join_all(self) -> None:
         """Join every fork that is still capturing back into ``origin``."""
@@ -100,7 +112,7 @@ class _Installed:
             # Only the calling context's own capture tracks, and only streams of its device.
             if tracker is None or tracker.device.Stream is not installed.cls:
                 return installed.original(waiter, stream)
-            return tracker.on_wait_stream(waiter, stream)
+            return tracker.dispatch(waiter, stream)
 
         wait_stream.__wrapped__ = self.original  # type: ignore[attr-defined]
         wait_stream.__doc__ = getattr(self.original, "__doc__", None)
@@ -123,14 +135,18 @@ _LOCK = threading.Lock()
 
 
 @contextmanager
-def track_forks(device: DeviceModule, origin: StreamLike) -> Iterator[ForkTracker]:
+def track_forks(
+    device: DeviceModule, origin: StreamLike,
+    decide: Callable[[ForkTracker, Any, Any], Any] | None = None,
+) -> Iterator[ForkTracker]:
     """Track forks from ``origin`` while the body runs, in this context; see
     :class:`ForkTracker`.
 
     The ``wait_stream`` wrapper is installed on ``device.Stream`` on entry (unless another
     capture already installed it) and removed on exit, the class's own method restored, when no
     other capture uses it, even if the body raises. The tracker is this context's: calls made
-    in other threads or tasks are not tracked.
+    in other threads or tasks are not tracked. ``decide(tracker, waiter, other)``, when given,
+    decides each call in place of :meth:`ForkTracker.on_wait_stream`.
     """
     cls = device.Stream
     with _LOCK:
@@ -139,7 +155,7 @@ def track_forks(device: DeviceModule, origin: StreamLike) -> Iterator[ForkTracke
             installed = _INSTALLED[cls] = _Installed(cls)
             installed.install()
         installed.users += 1
-    tracker = ForkTracker(device, origin, installed.original)
+    tracker = ForkTracker(device, origin, installed.original, decide)
     token = _TRACKER.set(tracker)
     try:
         yield tracker

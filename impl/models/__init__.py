@@ -5,6 +5,7 @@ from ._attention import AttentionMetadata, TorchAttentionBackend
 from ._batch import ForwardBatch, ForwardMode
 from ._context import ForwardContext, get_forward_context, set_forward_context
 from ._kv_cache import HybridSWAKVCache, KVCache
+from ._layers import paged_attention
 from ._model import CausalLM, LayerStack, ModelConfig, ModelKind, build_model
 
 __all__ = [
@@ -21,5 +22,6 @@ __all__ = [
     "TorchAttentionBackend",
     "build_model",
     "get_forward_context",
+    "paged_attention",
     "set_forward_context",
 ]

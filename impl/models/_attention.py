@@ -176,6 +176,8 @@ class TorchAttentionBackend:
         max_num_tokens: int,
         compressor: bool = False,
         extend_attention: ExtendAttention = "auto",
+        scale: float | None = None,
+        logit_softcap: float | None = None,
     ) -> None:
         if extend_attention not in ("auto", "flash", "torch"):
             raise ValueError(
@@ -190,7 +192,11 @@ class TorchAttentionBackend:
         self.sliding_window = sliding_window
         self.compressor = compressor
         self.extend_attention: ExtendAttention = extend_attention
-        self.scale = 1.0 / math.sqrt(head_dim)
+        for name, value in (("scale", scale), ("logit_softcap", logit_softcap)):
+            if value is not None and (isinstance(value, bool) or not value > 0):
+                raise ValueError(f"{name} must be a positive number or None, got {value!r}")
+        self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
+        self.logit_softcap = float(logit_softcap) if logit_softcap is not None else None
         self.forward_metadata: AttentionMetadata | None = None
         device, ctx = kv_cache.device, kv_cache.max_context_len
         self.has_swa = any(kv_cache.is_swa_layer(i) for i in range(len(kv_cache.layer_types)))
@@ -326,7 +332,7 @@ class TorchAttentionBackend:
         b = k.shape[0]
         group = self.num_heads // self.num_kv_heads
         qg = q.reshape(b, self.num_kv_heads, group, self.head_dim).float()
-        scores = torch.einsum("bkgd,blkd->bkgl", qg, k.float()) * self.scale
+        scores = self._capped(torch.einsum("bkgd,blkd->bkgl", qg, k.float()) * self.scale)
         scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         # Masked keys may hold anything (the dummy slot holds padded rows' writes, NaN on the
@@ -334,6 +340,11 @@ class TorchAttentionBackend:
         values = torch.where(valid[:, :, None, None], v.float(), 0.0)
         out = torch.einsum("bkgl,blkd->bkgd", probs, values)
         return out.reshape(b, self.num_heads * self.head_dim).to(q.dtype)
+
+    def _capped(self, scores: torch.Tensor) -> torch.Tensor:
+        """``c * tanh(scores / c)`` with the logit softcap ``c`` (Gemma 2), else ``scores``."""
+        cap = self.logit_softcap
+        return scores if cap is None else torch.tanh(scores / cap) * cap
 
     def _decode(self, q: torch.Tensor, layer_id: int) -> torch.Tensor:
         meta = self._require_metadata()
@@ -347,7 +358,7 @@ class TorchAttentionBackend:
         return self._attend(q, k, v, valid)
 
     def _flash_applies(self, q: torch.Tensor, swa: bool) -> bool:
-        if self.extend_attention == "torch":
+        if self.extend_attention == "torch" or self.logit_softcap is not None:
             return False
         found = _flash_varlen()
         applies = (
@@ -433,7 +444,7 @@ class TorchAttentionBackend:
         qg = q.reshape(self.num_kv_heads, group, n, self.head_dim).float()
         kk = k[0].float().transpose(0, 1)  # [KV, L, d]
         vv = v[0].float().transpose(0, 1)
-        scores = torch.einsum("kgnd,kld->kgnl", qg, kk) * self.scale
+        scores = self._capped(torch.einsum("kgnd,kld->kgnl", qg, kk) * self.scale)
         scores = scores.masked_fill(~valid, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         vv = torch.where(valid.any(0)[None, :, None], vv, 0.0)

@@ -50,6 +50,7 @@ class KVCache:
         max_requests: request rows of the table and of recurrent state, plus the dummy row 0.
         max_context_len: columns of the request-to-token table (the longest request).
         recurrent_dim: width of a recurrent layer's state.
+        recurrent_dtype: its dtype (float32 by default).
 
     ``req_to_token[r, j]`` is the pool slot of token ``j`` of the request in row ``r``;
     entries past a request's length are stale and must be masked by readers. Every write here
@@ -69,6 +70,7 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device | str,
         recurrent_dim: int = 0,
+        recurrent_dtype: torch.dtype = torch.float32,
     ) -> None:
         self.device = torch.device(device)
         self.layer_types = tuple(layer_types)
@@ -86,7 +88,7 @@ class KVCache:
         for layer_id, kind in enumerate(self.layer_types):
             if kind == "recurrent":
                 self.recurrent_state[layer_id] = torch.zeros(
-                    max_requests + 1, recurrent_dim, dtype=torch.float32, device=self.device
+                    max_requests + 1, recurrent_dim, dtype=recurrent_dtype, device=self.device
                 )
             elif kind in ("full", "swa"):
                 rows = self._pool_rows(kind)

@@ -16,7 +16,9 @@ from ..breakable import eager_on_graph, is_in_breakable_cuda_graph
 from ._batch import ForwardBatch
 from ._context import get_forward_context
 
-__all__ = ["AttentionMixer", "DecoderLayer", "RMSNorm", "RecurrentMixer", "SwiGLU"]
+__all__ = [
+    "AttentionMixer", "DecoderLayer", "RMSNorm", "RecurrentMixer", "SwiGLU", "paged_attention",
+]
 
 
 class RMSNorm(nn.Module):
@@ -84,6 +86,31 @@ def attention_break(
     return batch.attn_backend.forward(q, k, v, layer_id, batch, save_kv_cache=False)
 
 
+def paged_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int
+) -> torch.Tensor:
+    """Attention of this step's tokens over the paged KV cache, right in every mode: ``q``
+    ``[T, heads, d]``, ``k``/``v`` ``[T, kv_heads, d]``; returns ``[T, heads * d]``. What a
+    user's model calls where its attention goes (``MODEL-2``).
+
+    Reads the batch from the forward context (:func:`impl.get_forward_context`) and attends
+    through its ``attn_backend`` with the backend's scale, logit softcap and sliding window.
+
+    - Eagerly and inside a full (decode) graph: the backend writes ``k``/``v`` at
+      ``out_cache_loc`` and attends, all recordable for static-shape decode steps.
+    - Inside a breakable capture (:func:`impl.is_in_breakable_cuda_graph`): the cache write is
+      recorded in the segment (static shapes, the captured batch's locations) and attention
+      runs as an ``eager_on_graph`` break with ``save_kv_cache=False``, reading the *live*
+      batch at every replay. Batch-dependent attention recorded inside a segment instead would
+      freeze the placeholder batch's per-request metadata into the graph.
+    """
+    batch = get_forward_context().batch
+    if is_in_breakable_cuda_graph():
+        batch.attn_backend.kv_cache.set_kv_buffer(layer_id, batch.out_cache_loc, k, v)
+        return attention_break(q, k, v, layer_id)
+    return batch.attn_backend.forward(q, k, v, layer_id, batch)
+
+
 class AttentionMixer(nn.Module):
     """GQA self-attention with rotary positions over the paged KV cache. With ``compressor``,
     a pre-attention op scales the input by the metadata's ``compress_weight`` (the DeepSeek-V4
@@ -115,15 +142,7 @@ class AttentionMixer(nn.Module):
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         v = v.reshape(t, self.num_kv_heads, self.head_dim).contiguous()
         q, k = self.rotary(positions, q, k)
-        if is_in_breakable_cuda_graph():
-            # The cache write has static shapes, so the segment records it, at the captured
-            # batch's locations (registry buffers, padded rows at the dummy slot), and the
-            # break launches attention only: fewer eager launches per break.
-            batch.attn_backend.kv_cache.set_kv_buffer(self.layer_id, batch.out_cache_loc, k, v)
-            out = attention_break(q, k, v, self.layer_id)
-        else:
-            out = batch.attn_backend.forward(q, k, v, self.layer_id, batch)
-        return self.o_proj(out)
+        return self.o_proj(paged_attention(q, k, v, self.layer_id))
 
 
 def _recurrent_step(

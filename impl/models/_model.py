@@ -14,6 +14,8 @@ from typing import Literal, get_args
 import torch
 from torch import nn
 
+from spec import RunnerConfig
+
 from ._batch import ForwardBatch
 from ._layers import AttentionMixer, DecoderLayer, RecurrentMixer, RMSNorm, Rotary
 
@@ -65,10 +67,11 @@ class ModelConfig:
 
 
 class LayerStack(nn.Module):
-    """Embedding, decoder layers, final norm: ``(input_ids, positions) -> hidden [T, H]``.
+    """Embedding, decoder layers, final norm: ``(input_ids [T], positions [T], hidden_states
+    [T, H] | None) -> hidden [T, H]`` (``MODEL-3``, :class:`spec.LayerStackLike`).
 
-    Token-major throughout: what the stack launches depends on the token count only. A draft
-    stack also reads ``hidden_states`` (the target's, ``[T, H]``)."""
+    Token-major throughout: what the stack launches depends on the token count only. Only a
+    draft stack reads ``hidden_states`` (the target's); the others ignore it."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -103,14 +106,31 @@ class LayerStack(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """A reference model: :meth:`get_layer_stack` and :meth:`compute_logits`, and
-    ``forward(batch)`` = both (the eager ground truth)."""
+    """A reference model, a :class:`spec.RunnerModel` with a layer stack: :attr:`runner_config`,
+    :meth:`get_layer_stack` and :meth:`compute_logits`, and ``forward(batch)`` = both (the
+    eager ground truth). ``config`` is its :class:`ModelConfig` (what :func:`build_model`
+    built); runners read :attr:`runner_config` only."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
         self.model = LayerStack(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    @property
+    def runner_config(self) -> RunnerConfig:
+        """What the runners need to know (``MODEL-1``): the shape, the capabilities its kind
+        implies (two-half metadata, recurrent state, draft), and the KV dtype (its weights')."""
+        c = self.config
+        recurrent = "recurrent" in c.layer_types
+        return RunnerConfig(
+            layer_types=c.layer_types, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
+            head_dim=c.head_dim, hidden_size=c.hidden_size, vocab_size=c.vocab_size,
+            sliding_window=c.sliding_window, two_half_metadata=c.compressor,
+            recurrent_state_shape=(c.recurrent_dim,) if recurrent else (),
+            recurrent_state_dtype=torch.float32 if recurrent else None,
+            draft=c.kind == "draft", kv_dtype=self.lm_head.weight.dtype,
+        )
 
     def get_layer_stack(self) -> LayerStack:
         """The token-major transformer stack (embedding in, hidden states out)."""

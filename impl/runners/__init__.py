@@ -2,24 +2,41 @@
 and the vLLM-style graph manager."""
 
 from ._common import RunnerStats
-from ._decode import CudaGraphRunner, default_decode_sizes
+from ._decode import DECODE_STEPS, CudaGraphRunner, DecodeEntry, default_decode_sizes
 from ._layer_stack import resolve_layer_stack
 from ._manager import BatchDescriptor, CudagraphDispatcher, CudaGraphManager, CUDAGraphMode
-from ._model_runner import GenerateOutput, ModelRunner, ModelRunnerStats, Request
-from ._prefill import BreakableCudaGraphRunner, default_prefill_sizes
+from ._model_runner import (
+    AttentionBackendFactory,
+    GenerateOutput,
+    KVCacheFactory,
+    ModelRunner,
+    ModelRunnerStats,
+    Request,
+    default_attention_backend,
+)
+from ._prefill import PREFILL_STEPS, BreakableCudaGraphRunner, PrefillEntry, default_prefill_sizes
+from ._target import GraphTarget
 
 __all__ = [
+    "AttentionBackendFactory",
     "BatchDescriptor",
     "BreakableCudaGraphRunner",
     "CUDAGraphMode",
     "CudaGraphManager",
     "CudaGraphRunner",
     "CudagraphDispatcher",
+    "DECODE_STEPS",
+    "DecodeEntry",
     "GenerateOutput",
+    "GraphTarget",
+    "KVCacheFactory",
     "ModelRunner",
     "ModelRunnerStats",
+    "PREFILL_STEPS",
+    "PrefillEntry",
     "Request",
     "RunnerStats",
+    "default_attention_backend",
     "default_decode_sizes",
     "default_prefill_sizes",
     "resolve_layer_stack",

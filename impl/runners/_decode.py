@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from .._hooks import RemovableHandle, StepHooks
 from ..models import ForwardBatch, ForwardMode, set_forward_context
 from ..registry import CudaGraphBufferRegistry, build_decode_registry
 from ._common import RunnerStats, StatsCounter, check_sizes, pad_to_captured
+from ._target import GraphTarget, as_graph_target
 
-if TYPE_CHECKING:
-    from ._model_runner import ModelRunner
+__all__ = ["CudaGraphRunner", "DecodeEntry", "default_decode_sizes"]
 
-__all__ = ["CudaGraphRunner", "default_decode_sizes"]
+DECODE_STEPS = ("build_registry", "static_swa_loc", "prepare_capture", "prepare_replay",
+                "record_forward")
+"""The steps of :class:`CudaGraphRunner` a hook may wrap (see ``register_hook``)."""
 
 
 def default_decode_sizes(max_bs: int) -> list[int]:
@@ -26,6 +30,16 @@ def default_decode_sizes(max_bs: int) -> list[int]:
     return sizes
 
 
+@dataclass(eq=False)
+class DecodeEntry:
+    """One captured batch size: its graph, the output the graph writes (logits of every padded
+    row) and the batch of registry views it was captured with (what replay prepares)."""
+
+    graph: Any
+    output: torch.Tensor
+    batch: ForwardBatch
+
+
 class CudaGraphRunner:
     """Captures the whole model (layer stack and logits) once per batch size and replays it,
     padded, for decode steps.
@@ -33,16 +47,21 @@ class CudaGraphRunner:
     Workflow (the shape of SGLang's ``CudaGraphRunner`` and vLLM's graph wrapper):
 
     1. At construction, for each size of ``capture_bs`` (default :func:`default_decode_sizes`),
-       largest first, all into the model runner's one graph pool and on its one capture stream:
+       largest first, all into the target's one graph pool and on its one capture stream:
        the out-of-graph metadata half on the size's batch of registry views, ``num_warmups``
        eager runs, then one capture. The in-graph metadata half is recorded *inside* each
        graph (``metadata_in_graph=True``; ``RUN-5``), so a replay needs only the host half.
-    2. ``runner(batch)`` is the gate: :meth:`replay` when :meth:`can_run`, else an eager run of
-       the model runner (counted in ``stats.eager_fallbacks``).
-    3. :meth:`replay` pads ``raw_bs`` to the next captured size (``bisect_left``), fills the
-       registry (pad rows reset per slot policy: request 0, cache location 0, the dummy slot;
-       ``RUN-2``, ``RUN-3``), runs the out-of-graph half on the padded view, replays, and returns
-       the logits of the ``raw_bs`` real requests (a copy).
+    2. :meth:`decide` is the one decision per step: the padded size (``bisect_left``) of a
+       batch :meth:`can_run` accepts, else ``None`` (counted in ``stats.eager_fallbacks``); the
+       caller runs a ``None`` batch eagerly.
+    3. :meth:`run` trusts the key: fills the registry (pad rows reset per slot policy: request
+       0, cache location 0, the dummy slot; ``RUN-2``, ``RUN-3``), runs the out-of-graph half
+       on the padded view, replays, and returns the logits of the ``raw_bs`` real requests (a
+       copy).
+
+    ``runner(batch)`` is the gate of one release (``decide``, then ``run`` or the target's
+    eager :meth:`~impl.GraphTarget.forward`); :meth:`replay` decides and runs, raising when no
+    graph serves the batch.
 
     Inputs come from :func:`impl.build_decode_registry` (``is_hybrid_swa`` for sliding-window
     models). For those, ``set_swa_loc(<the registry's out_cache_loc_swa buffer>)`` is installed
@@ -50,8 +69,9 @@ class CudaGraphRunner:
     ``RUN-1``) and replay only refreshes the buffer.
 
     Arguments:
-        model_runner: the :class:`~impl.ModelRunner` whose model, KV cache, attention backend,
-            pool and capture stream the graphs use.
+        target: the :class:`~impl.GraphTarget` whose model, KV cache, attention backend, pool
+            and capture stream the graphs use; a :class:`~impl.ModelRunner` stands for its
+            target (the constructor shape of one release).
         capture_bs: batch sizes to capture.
         swa_fast_path: install the registry's SWA locations during capture (``False`` records a
             translation per SWA layer: correct, slower).
@@ -61,26 +81,34 @@ class CudaGraphRunner:
         num_warmups: eager runs per size before its capture.
         keep_graph: capture with ``device.CUDAGraph(keep_graph=True)`` so that
             ``device.graph_node_count`` can count each graph's work items on CUDA.
+        hooks: step name -> hook, registered before the capture (:meth:`register_hook`).
+
+    **Hooks** (:meth:`register_hook`; each ``hook(runner, proceed, *args)``): ``build_registry()``
+    returns the registry; ``static_swa_loc()`` returns the context manager around warmup and
+    capture; ``prepare_capture(batch)`` and ``prepare_replay(batch)`` are the metadata work
+    before warmup and capture, and before each replay; ``record_forward(batch)`` is what a
+    graph records (and warmup runs), returning the logits.
 
     .. note::
         Graphs share one pool and are captured largest first, so smaller sizes re-use the
         larger size's blocks; their outputs are only valid until the next replay of any size,
-        which is why :meth:`replay` returns a copy.
+        which is why :meth:`run` returns a copy.
     """
 
     def __init__(
         self,
-        model_runner: ModelRunner,
+        target: GraphTarget | Any,
         *,
         capture_bs: Sequence[int] | None = None,
         swa_fast_path: bool = True,
         metadata_in_graph: bool = True,
         num_warmups: int = 2,
         keep_graph: bool = False,
+        hooks: Mapping[str, Callable[..., Any]] | None = None,
     ) -> None:
-        self.model_runner = model_runner
-        self.device = model_runner.device
-        limit = model_runner.max_running_requests
+        self.target: GraphTarget = as_graph_target(target)
+        self.device = self.target.device
+        limit = self.target.max_bs
         sizes = default_decode_sizes(limit) if capture_bs is None else capture_bs
         self.capture_bs = check_sizes("capture_bs", sizes, limit)
         self.max_bs = self.capture_bs[-1]
@@ -88,32 +116,46 @@ class CudaGraphRunner:
         self.metadata_in_graph = bool(metadata_in_graph)
         self.num_warmups = int(num_warmups)
         self.keep_graph = bool(keep_graph)
-        self.registry = self._build_registry()
-        self.graphs: dict[int, Any] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
-        self.batches: dict[int, ForwardBatch] = {}
+        self._hooks = StepHooks("CudaGraphRunner", DECODE_STEPS)
+        for step, hook in (hooks or {}).items():
+            self._hooks.register(step, hook)
+        self.entries: dict[int, DecodeEntry] = {}
         self._counter = StatsCounter()
+        self.registry: CudaGraphBufferRegistry = self._hooks.call(
+            "build_registry", self, self._build_registry
+        )
         self.capture()
+
+    def register_hook(self, step: str, hook: Callable[..., Any]) -> RemovableHandle:
+        """Wrap one of the steps listed in the class docstring with
+        ``hook(runner, proceed, *args)``; the handle's ``remove()`` takes it off. Hooks of
+        ``build_registry``, ``static_swa_loc`` and ``prepare_capture`` must be given as
+        ``hooks=`` to take part in the capture at construction."""
+        return self._hooks.register(step, hook)
 
     @property
     def stats(self) -> RunnerStats:
-        """Captures, replays and eager fallbacks so far (a snapshot)."""
+        """Captures, replays and declined batches so far (a snapshot)."""
         return self._counter.snapshot()
 
-    # -- steps a mutant may override -----------------------------------------------------------
+    @property
+    def graphs(self) -> dict[int, Any]:
+        """Captured batch size -> its graph."""
+        return {bs: entry.graph for bs, entry in self.entries.items()}
+
+    # -- steps ---------------------------------------------------------------------------------
 
     def _build_registry(self) -> CudaGraphBufferRegistry:
-        config = self.model_runner.model.config
         return build_decode_registry(
             device=self.device.device, max_bs=self.max_bs, max_num_token=self.max_bs,
             seq_len_fill_value=1, cache_loc_dtype=torch.int64,
-            is_hybrid_swa=config.is_hybrid_swa, share_pool=False,
+            is_hybrid_swa=self.target.config.is_hybrid_swa, share_pool=False,
         )
 
     @contextlib.contextmanager
     def _static_swa_loc(self) -> Iterator[None]:
         """Install the registry's SWA-location buffer for warmup and capture (``RUN-1``)."""
-        kv = self.model_runner.kv_cache
+        kv = self.target.kv_cache
         if not (self.swa_fast_path and self.registry.has_slot("out_cache_loc_swa")):
             yield
             return
@@ -126,30 +168,25 @@ class CudaGraphRunner:
     def _prepare_replay(self, batch: ForwardBatch) -> None:
         """Metadata work before a replay (and before warmup): the out-of-graph half, plus the
         in-graph half when it is not recorded in the graph."""
-        backend = self.model_runner.attn_backend
-        backend.init_forward_metadata_out_graph(batch)
+        self.target.init_metadata_out_graph(batch)
         if not self.metadata_in_graph:
-            backend.init_forward_metadata_in_graph(batch)
-
-    def _prepare_capture(self, batch: ForwardBatch) -> None:
-        self._prepare_replay(batch)
+            self.target.init_metadata_in_graph(batch)
 
     def _record_forward(self, batch: ForwardBatch) -> torch.Tensor:
         """What a graph records (and warmup runs): the in-graph half, then the model."""
-        runner = self.model_runner
         if self.metadata_in_graph:
-            runner.attn_backend.init_forward_metadata_in_graph(batch)
-        return runner.model(batch)
+            self.target.init_metadata_in_graph(batch)
+        return self.target.model(batch)
 
     # -- capture -------------------------------------------------------------------------------
 
     def _capture_batch(self, bs: int) -> ForwardBatch:
-        runner = self.model_runner
+        target = self.target
         empty = torch.zeros(0, dtype=torch.int64, device=self.device.device)
         template = ForwardBatch(
             forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=empty, positions=empty,
             req_pool_indices=empty, seq_lens=empty, seq_lens_cpu=empty.cpu(),
-            out_cache_loc=empty, attn_backend=runner.attn_backend, kv_cache=runner.kv_cache,
+            out_cache_loc=empty, attn_backend=target.attn_backend, kv_cache=target.kv_cache,
         )
         return self.registry.extract_buffer(
             padded_bs=bs, padded_num_tokens=bs, forward_batch_template=template
@@ -157,9 +194,8 @@ class CudaGraphRunner:
 
     def capture(self) -> None:
         """Capture every size, largest first (see the class docstring)."""
-        device, runner = self.device, self.model_runner
-        stream = runner.capture_stream
-        with self._static_swa_loc():
+        device, stream = self.device, self.target.stream
+        with self._hooks.call("static_swa_loc", self, self._static_swa_loc):
             stream.wait_stream(device.current_stream())
             with device.stream(stream):
                 for bs in reversed(self.capture_bs):
@@ -167,19 +203,19 @@ class CudaGraphRunner:
             device.current_stream().wait_stream(stream)
 
     def _capture_one(self, bs: int) -> None:
-        device, runner = self.device, self.model_runner
+        device, target, hooks = self.device, self.target, self._hooks
         batch = self._capture_batch(bs)
         with set_forward_context(batch):
-            self._prepare_capture(batch)
+            hooks.call("prepare_capture", self, self._prepare_replay, batch)
             for _ in range(self.num_warmups):
-                self._record_forward(batch)
+                hooks.call("record_forward", self, self._record_forward, batch)
             graph = device.CUDAGraph(keep_graph=True) if self.keep_graph else device.CUDAGraph()
-            with device.graph(graph, pool=runner.graph_pool, stream=runner.capture_stream):
-                output = self._record_forward(batch)
-        self.graphs[bs], self.outputs[bs], self.batches[bs] = graph, output, batch
+            with device.graph(graph, pool=target.pool, stream=target.stream):
+                output = hooks.call("record_forward", self, self._record_forward, batch)
+        self.entries[bs] = DecodeEntry(graph, output, batch)
         self._counter.captures += 1
 
-    # -- the gate and replay -------------------------------------------------------------------
+    # -- decision and replay -------------------------------------------------------------------
 
     def can_run(self, batch: ForwardBatch) -> bool:
         """Decode batches of 1..max captured size, one token per request."""
@@ -189,27 +225,43 @@ class CudaGraphRunner:
             and batch.num_tokens == batch.batch_size
         )
 
-    def __call__(self, batch: ForwardBatch) -> torch.Tensor:
-        if self.can_run(batch):
-            return self.replay(batch)
-        self._counter.eager_fallbacks += 1
-        return self.model_runner.forward_eager(batch)
+    def _key(self, batch: ForwardBatch) -> int | None:
+        return pad_to_captured(self.capture_bs, batch.batch_size) if self.can_run(batch) else None
 
-    def replay(self, batch: ForwardBatch) -> torch.Tensor:
-        """Pad, fill, prepare the metadata, replay; logits ``[raw_bs, vocab]`` (a copy)."""
+    def decide(self, batch: ForwardBatch) -> int | None:
+        """The captured size that serves ``batch``, or ``None`` (counted as a declined batch in
+        ``stats.eager_fallbacks``; the caller runs it eagerly). Host values only."""
+        key = self._key(batch)
+        if key is None:
+            self._counter.eager_fallbacks += 1
+        return key
+
+    def run(self, bs: int, batch: ForwardBatch) -> torch.Tensor:
+        """Replay the graph of captured size ``bs`` (from :meth:`decide`) with ``batch`` padded
+        into it: fill, prepare the metadata, replay; logits ``[raw_bs, vocab]`` (a copy)."""
         raw = batch.batch_size
-        bs = pad_to_captured(self.capture_bs, raw)
-        if bs is None or not self.can_run(batch):
-            raise ValueError(
-                f"batch of {raw} requests in mode {batch.forward_mode.name} cannot replay: "
-                f"captured sizes are {self.capture_bs} (check can_run first)"
-            )
         self.registry.fill_from(
             batch, raw_bs=raw, padded_bs=bs, raw_num_tokens=raw, padded_num_tokens=bs
         )
-        padded = self.batches[bs]
-        with set_forward_context(padded):
-            self._prepare_replay(padded)
-            self.graphs[bs].replay()
+        entry = self.entries[bs]
+        with set_forward_context(entry.batch):
+            self._hooks.call("prepare_replay", self, self._prepare_replay, entry.batch)
+            entry.graph.replay()
         self._counter.replays += 1
-        return self.outputs[bs][:raw].clone()
+        return entry.output[:raw].clone()
+
+    def replay(self, batch: ForwardBatch) -> torch.Tensor:
+        """:meth:`run` of the size that serves ``batch``; :class:`ValueError` when none does."""
+        bs = self._key(batch)
+        if bs is None:
+            raise ValueError(
+                f"batch of {batch.batch_size} requests in mode {batch.forward_mode.name} cannot "
+                f"replay: captured sizes are {self.capture_bs} (check can_run first)"
+            )
+        return self.run(bs, batch)
+
+    def __call__(self, batch: ForwardBatch) -> torch.Tensor:
+        """The gate of one release: :meth:`decide`, then :meth:`run`, or the target's eager
+        forward for a declined batch."""
+        bs = self.decide(batch)
+        return self.target.forward(batch) if bs is None else self.run(bs, batch)

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
 from ..models import ForwardBatch
 from ._common import check_sizes, pad_to_captured
-from ._decode import CudaGraphRunner
-from ._prefill import BreakableCudaGraphRunner
-
-if TYPE_CHECKING:
-    from ._model_runner import ModelRunner
+from ._decode import CudaGraphRunner, default_decode_sizes
+from ._prefill import BreakableCudaGraphRunner, default_prefill_sizes
+from ._target import GraphTarget, as_graph_target
 
 __all__ = ["BatchDescriptor", "CUDAGraphMode", "CudaGraphManager", "CudagraphDispatcher"]
 
@@ -120,80 +118,87 @@ class CudagraphDispatcher:
         return CUDAGraphMode.NONE, BatchDescriptor(num_tokens)
 
 
+ManagerKey = tuple[CUDAGraphMode, BatchDescriptor]
+"""The manager's decision for one batch: the runtime mode and the graph's descriptor."""
+
+
 class CudaGraphManager:
-    """Graphs of one model runner under a :class:`CUDAGraphMode`, in the shape of vLLM's model
+    """Graphs of one target under a :class:`CUDAGraphMode`, in the shape of vLLM's model
     runner: full graphs for uniform decode batches (:class:`~impl.CudaGraphRunner`), piecewise
     graphs as breakable graphs (:class:`~impl.BreakableCudaGraphRunner`) for everything else,
     one pool for all of them.
 
     Arguments:
-        model_runner: the target :class:`~impl.ModelRunner` (its pool and capture stream are
-            the manager's).
+        target: the :class:`~impl.GraphTarget` (its pool and capture stream are the
+            manager's); a :class:`~impl.ModelRunner` stands for its target.
         mode: the configured mode.
-        capture_sizes: token counts (default: the decode ladder up to ``max_running_requests``
-            for FULL, and the prefill ladder for PIECEWISE).
+        capture_sizes: token counts (default: the decode ladder up to ``max_bs`` for FULL, and
+            the prefill ladder for PIECEWISE).
         use_breakable: whether piecewise graphs are breakable graphs; without it, piecewise
             batches run the plain model call.
 
     Capture (:meth:`capture`) puts piecewise graphs first, then full graphs, each largest
-    first, into the one pool. :meth:`execute` dispatches a batch and runs it: FULL replays the
-    full graph of its descriptor (:meth:`run_fullgraph`), PIECEWISE goes through
-    :meth:`run_pw_graph`, NONE runs eagerly. A full graph never breaks (``RUN-10``).
+    first, into the one pool. :meth:`decide` is the one decision per step: the dispatcher's
+    runtime mode and descriptor, turned into ``NONE`` where the graph runner of that mode
+    declines the batch (a full graph serves uniform decode batches only; a breakable graph at
+    most doubles the work). :meth:`run` trusts it: FULL replays the full graph of its
+    descriptor, PIECEWISE the breakable graph, NONE runs eagerly. :meth:`execute` is both. A
+    full graph never breaks (``RUN-10``).
     """
 
     def __init__(
         self,
-        model_runner: ModelRunner,
+        target: GraphTarget | Any,
         mode: CUDAGraphMode,
         *,
         capture_sizes: Sequence[int] | None = None,
         use_breakable: bool = True,
     ) -> None:
-        self.model_runner = model_runner
+        self.target: GraphTarget = as_graph_target(target)
         self.mode = mode
-        limit = min(model_runner.max_context_len, model_runner.max_total_tokens)
+        limit = min(self.target.max_context_len, self.target.max_total_tokens)
         if capture_sizes is None:
-            from ._decode import default_decode_sizes
-            from ._prefill import default_prefill_sizes
-
             capture_sizes = sorted(
-                set(default_decode_sizes(model_runner.max_running_requests))
+                set(default_decode_sizes(self.target.max_bs))
                 | set(default_prefill_sizes(min(limit, 512)))
             )
         self.capture_sizes = check_sizes("capture_sizes", capture_sizes, limit)
-        self.dispatcher = CudagraphDispatcher(
-            mode, self.capture_sizes, model_runner.max_running_requests
-        )
+        self.dispatcher = CudagraphDispatcher(mode, self.capture_sizes, self.target.max_bs)
         self.use_breakable_cg = bool(use_breakable) and mode.has_piecewise_cudagraphs()
-        self.pool = model_runner.graph_pool
-        self.stream = model_runner.capture_stream
+        self.pool = self.target.pool
+        self.stream = self.target.stream
         self._pw_runners: dict[int, BreakableCudaGraphRunner] = {}
         self._full: CudaGraphRunner | None = None
 
     # -- piecewise -----------------------------------------------------------------------------
 
-    def init_breakable_cg_runner(self, model: ModelRunner) -> BreakableCudaGraphRunner:
-        """The breakable runner of ``model`` (a :class:`~impl.ModelRunner`: the target's or a
-        draft's), created on first use, capturing into the manager's pool."""
-        runner = self._pw_runners.get(id(model))
+    def init_breakable_cg_runner(self, model: GraphTarget | Any) -> BreakableCudaGraphRunner:
+        """The breakable runner of ``model`` (a :class:`~impl.GraphTarget`, or a model runner
+        standing for its target: the manager's own or a draft's), created on first use,
+        capturing into the manager's pool."""
+        target = as_graph_target(model)
+        runner = self._pw_runners.get(id(target))
         if runner is None:
             sizes = sorted(self.dispatcher.keys[CUDAGraphMode.PIECEWISE]) or [
                 BatchDescriptor(self.capture_sizes[-1])
             ]
-            limit = min(model.max_context_len, model.max_total_tokens)
+            limit = min(target.max_context_len, target.max_total_tokens)
             runner = BreakableCudaGraphRunner(
-                model, capture_num_tokens=[d.num_tokens for d in sizes if d.num_tokens <= limit],
+                target, capture_num_tokens=[d.num_tokens for d in sizes if d.num_tokens <= limit],
                 pool=self.pool, stream=self.stream,
             )
-            self._pw_runners[id(model)] = runner
+            self._pw_runners[id(target)] = runner
         return runner
 
-    def run_pw_graph(self, model: ModelRunner, batch: ForwardBatch) -> torch.Tensor:
+    def run_pw_graph(self, model: GraphTarget | Any, batch: ForwardBatch) -> torch.Tensor:
         """A piecewise step of ``model``: its breakable runner when breakable graphs are on
-        (which itself runs eagerly what it cannot serve), else the plain model call."""
+        (a batch it declines runs eagerly), else the plain model call."""
+        target = as_graph_target(model)
         if not self.use_breakable_cg:
-            return model.forward_eager(batch)
-        return self.init_breakable_cg_runner(model)(batch)
+            return target.forward(batch)
+        runner = self.init_breakable_cg_runner(target)
+        padded = runner.decide(batch)
+        return target.forward(batch) if padded is None else runner.run(padded, batch)
 
     # -- full ----------------------------------------------------------------------------------
 
@@ -201,43 +206,62 @@ class CudaGraphManager:
         if self._full is None:
             sizes = sorted(d.num_tokens for d in self.dispatcher.keys[CUDAGraphMode.FULL]
                            if d.uniform)
-            self._full = CudaGraphRunner(self.model_runner, capture_bs=sizes)
+            self._full = CudaGraphRunner(self.target, capture_bs=sizes)
         return self._full
 
     def run_fullgraph(self, desc: BatchDescriptor, batch: ForwardBatch) -> torch.Tensor:
-        """Replay the full graph captured for ``desc`` with ``batch`` (padded into it).
+        """Replay the full graph captured for ``desc`` (a uniform-decode descriptor from
+        :meth:`decide`) with ``batch`` padded into it.
 
         .. note::
             Full graphs here serve uniform decode batches: extend attention has shapes that
             change every step. In plain ``FULL`` mode a non-uniform batch dispatches FULL (the
-            dispatcher follows the mode) and the full runner's gate runs it eagerly, counted
-            in its ``eager_fallbacks``.
+            dispatcher follows the mode); :meth:`decide` then declines it (counted in the full
+            runner's ``eager_fallbacks``) and it runs eagerly.
         """
-        if desc not in self.dispatcher.keys[CUDAGraphMode.FULL]:
+        if desc not in self.dispatcher.keys[CUDAGraphMode.FULL] or not desc.uniform:
             raise ValueError(f"no full graph is captured for {desc}")
-        return self._full_runner()(batch)
+        return self._full_runner().run(desc.num_tokens, batch)
 
-    # -- capture and execution -----------------------------------------------------------------
+    # -- capture, decision and execution -------------------------------------------------------
 
     def capture(self) -> None:
         """Capture every graph of the mode into the one pool: piecewise first, then full."""
         if self.mode.has_piecewise_cudagraphs() and self.use_breakable_cg:
-            self.init_breakable_cg_runner(self.model_runner)
+            self.init_breakable_cg_runner(self.target)
         if self.dispatcher.keys[CUDAGraphMode.FULL]:
             self._full_runner()
 
     def dispatch(self, batch: ForwardBatch) -> tuple[CUDAGraphMode, BatchDescriptor]:
+        """The dispatcher's answer for ``batch`` (host values only)."""
         uniform = batch.forward_mode.is_decode() and batch.num_tokens == batch.batch_size
         return self.dispatcher.dispatch(batch.num_tokens, uniform_decode=uniform)
 
-    def execute(self, batch: ForwardBatch) -> torch.Tensor:
-        """Dispatch ``batch`` and run it on the path its runtime mode names."""
+    def decide(self, batch: ForwardBatch) -> ManagerKey:
+        """The one decision for ``batch``: :meth:`dispatch`, then ``NONE`` where the mode's
+        graph runner declines it (see the class docstring)."""
         mode, desc = self.dispatch(batch)
+        eager = (CUDAGraphMode.NONE, BatchDescriptor(batch.num_tokens))
+        if mode is CUDAGraphMode.FULL:
+            return (mode, desc) if self._full_runner().decide(batch) is not None else eager
+        if mode is CUDAGraphMode.PIECEWISE and self.use_breakable_cg:
+            runner = self.init_breakable_cg_runner(self.target)
+            padded = runner.decide(batch)
+            return (mode, BatchDescriptor(padded)) if padded is not None else eager
+        return eager if mode is CUDAGraphMode.PIECEWISE else (mode, desc)
+
+    def run(self, key: ManagerKey, batch: ForwardBatch) -> torch.Tensor:
+        """Run ``batch`` on the path ``key`` (from :meth:`decide`) names, trusting it."""
+        mode, desc = key
         if mode is CUDAGraphMode.FULL:
             return self.run_fullgraph(desc, batch)
         if mode is CUDAGraphMode.PIECEWISE:
-            return self.run_pw_graph(self.model_runner, batch)
-        return self.model_runner.forward_eager(batch)
+            return self.init_breakable_cg_runner(self.target).run(desc.num_tokens, batch)
+        return self.target.forward(batch)
+
+    def execute(self, batch: ForwardBatch) -> torch.Tensor:
+        """:meth:`decide`, then :meth:`run`."""
+        return self.run(self.decide(batch), batch)
 
     @property
     def runners(self) -> tuple[Any, ...]:

@@ -3,6 +3,7 @@ batches for requests that come and go, and runs greedy generation."""
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -10,23 +11,42 @@ from typing import Any, Literal
 
 import torch
 
-from spec import DeviceModule
+from spec import DeviceModule, RunnerConfig
 
 from ..breakable import default_capture_stream
-from ..models import (
-    CausalLM,
-    ForwardBatch,
-    ForwardMode,
-    HybridSWAKVCache,
-    KVCache,
-    TorchAttentionBackend,
-    set_forward_context,
-)
+from ..models import ForwardBatch, ForwardMode, HybridSWAKVCache, KVCache, TorchAttentionBackend
 from ._common import RunnerStats
+from ._decode import CudaGraphRunner
+from ._prefill import BreakableCudaGraphRunner
+from ._target import GraphTarget
 
 __all__ = ["GenerateOutput", "ModelRunner", "ModelRunnerStats", "Request"]
 
 PrefillMode = Literal["eager", "breakable"]
+
+AttentionBackendFactory = Callable[[KVCache, RunnerConfig], Any]
+"""``(kv_cache, runner_config) -> backend``: builds the attention backend of a model runner."""
+
+KVCacheFactory = Callable[..., KVCache]
+"""Called with :class:`~impl.KVCache`'s keyword arguments (and, for a model with sliding-window
+layers, :class:`~impl.HybridSWAKVCache`'s ``swa_size`` and ``sliding_window``)."""
+
+
+def default_attention_backend(
+    kv_cache: KVCache, config: RunnerConfig, *, max_bs: int, max_num_tokens: int
+) -> TorchAttentionBackend:
+    """The reference backend for ``config``: its heads, window, scale, logit softcap and, for
+    two-half metadata, the compressor weights."""
+    return TorchAttentionBackend(
+        kv_cache, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim, sliding_window=config.sliding_window, max_bs=max_bs,
+        max_num_tokens=max_num_tokens, compressor=config.two_half_metadata,
+        scale=config.attention_scale, logit_softcap=config.attention_logit_softcap,
+    )
+
+
+def _default_kv_cache(**kwargs: Any) -> KVCache:
+    return HybridSWAKVCache(**kwargs) if "swa_size" in kwargs else KVCache(**kwargs)
 
 
 @dataclass(frozen=True)
@@ -65,10 +85,11 @@ class Request:
 
 
 class ModelRunner:
-    """Runs a reference model with a paged KV cache, eagerly or through graph runners.
+    """Runs a model with a paged KV cache, eagerly or through graph runners.
 
     Arguments:
-        model: a model from :func:`impl.build_model` (on ``device.device``).
+        model: a :class:`spec.RunnerModel` on ``device.device``: a reference model from
+            :func:`impl.build_model`, or a user's model with a runner config.
         device: the device module (``fakes.FakeDevice()`` or ``impl.CudaDevice()``).
         max_running_requests: requests decoded together at most; more wait and join as others
             finish, so the batch size changes from step to step.
@@ -81,16 +102,24 @@ class ModelRunner:
         capture_num_tokens: the prefill runner's token ladder (default: its ladder, capped).
         max_context_len: the longest request (prompt plus output); default
             ``min(max_total_tokens, 512)``. Decode attention attends this many keys.
+        model_config: the model's :class:`spec.RunnerConfig` (default ``model.runner_config``;
+            ``model.config`` is never read). :class:`TypeError` when neither is one.
+        attention_backend: ``(kv_cache, runner_config) -> backend`` (default the reference
+            :class:`~impl.TorchAttentionBackend` for the config).
+        kv_cache: a factory of the KV cache (see :data:`KVCacheFactory`).
         decode_runner, prefill_runner: factories ``(model_runner, sizes) -> runner`` replacing
-            the reference runners (a third party's, or a mutant).
+            the reference runners (a third party's, or a mutant); a runner is built from
+            :meth:`graph_target` (``runner(model_runner)`` still works for one release).
 
-    With every graph off (``decode_cuda_graph=False, prefill="eager"``) it is the eager ground
-    truth every runner is compared with.
+    :meth:`forward` decides once per step which runner serves a batch (its ``decide``, or a
+    third party's gate ``runner(batch)``) and runs a declined batch eagerly itself. With every
+    graph off (``decode_cuda_graph=False, prefill="eager"``) it is the eager ground truth every
+    runner is compared with.
     """
 
     def __init__(
         self,
-        model: CausalLM,
+        model: Any,
         *,
         device: DeviceModule,
         max_running_requests: int,
@@ -101,6 +130,9 @@ class ModelRunner:
         capture_num_tokens: Sequence[int] | None = None,
         max_context_len: int | None = None,
         swa_full_tokens_ratio: float = 0.5,
+        model_config: RunnerConfig | None = None,
+        attention_backend: AttentionBackendFactory | None = None,
+        kv_cache: KVCacheFactory | None = None,
         decode_runner: Callable[[ModelRunner, Sequence[int] | None], Any] | None = None,
         prefill_runner: Callable[[ModelRunner, Sequence[int] | None], Any] | None = None,
     ) -> None:
@@ -113,61 +145,84 @@ class ModelRunner:
         if not 0.0 < swa_full_tokens_ratio <= 1.0:
             raise ValueError(f"swa_full_tokens_ratio must be in (0, 1], got "
                              f"{swa_full_tokens_ratio!r}")
+        config = model_config if model_config is not None else getattr(
+            model, "runner_config", None
+        )
+        if not isinstance(config, RunnerConfig):
+            raise TypeError(
+                f"{type(model).__name__} has no runner config: give it a runner_config "
+                "attribute (a spec.RunnerConfig) or pass model_config=; for a Hugging Face "
+                "transformers model use impl.from_transformers(model)"
+            )
         self.model = model
+        self.config = config
         self.device = device
         self.max_running_requests = max_running_requests
         self.max_total_tokens = max_total_tokens
         self.max_context_len = max_context_len or min(max_total_tokens, 512)
         self.swa_full_tokens_ratio = swa_full_tokens_ratio
-        self.kv_cache = self._make_kv_cache()
-        self.attn_backend = self._make_attention_backend()
+        self.kv_cache = self._make_kv_cache(kv_cache or _default_kv_cache)
+        if attention_backend is None:
+            self.attn_backend = default_attention_backend(
+                self.kv_cache, config, max_bs=max_running_requests,
+                max_num_tokens=max_total_tokens,
+            )
+        else:
+            self.attn_backend = attention_backend(self.kv_cache, config)
         # One pool and one capture stream for every graph of this runner: captures that share
         # a pool must share the stream (the caching allocator keeps free blocks per stream).
-        self.graph_pool = device.graph_pool_handle()
-        self.capture_stream = default_capture_stream(device)
+        self._target = GraphTarget(
+            device=device, model=model, config=config, attn_backend=self.attn_backend,
+            kv_cache=self.kv_cache, pool=device.graph_pool_handle(),
+            stream=default_capture_stream(device), max_bs=max_running_requests,
+            max_context_len=self.max_context_len, max_total_tokens=max_total_tokens,
+        )
         self._eager_runs = 0
         self.decode_runner: Any = None
         self.prefill_runner: Any = None
         if prefill == "breakable":
-            from ._prefill import BreakableCudaGraphRunner
-
             make = prefill_runner or (
-                lambda mr, sizes: BreakableCudaGraphRunner(mr, capture_num_tokens=sizes)
+                lambda mr, sizes: BreakableCudaGraphRunner(
+                    mr.graph_target(), capture_num_tokens=sizes
+                )
             )
             self.prefill_runner = make(self, capture_num_tokens)
         if decode_cuda_graph:
-            from ._decode import CudaGraphRunner
-
-            make = decode_runner or (lambda mr, sizes: CudaGraphRunner(mr, capture_bs=sizes))
+            make = decode_runner or (
+                lambda mr, sizes: CudaGraphRunner(mr.graph_target(), capture_bs=sizes)
+            )
             self.decode_runner = make(self, capture_bs)
 
-    # -- construction steps a mutant may override ---------------------------------------------
+    def graph_target(self) -> GraphTarget:
+        """What graph runners wrap (:class:`~impl.GraphTarget`): the model, backend and cache,
+        the one graph pool and capture stream, and the limits."""
+        return self._target
 
-    def _make_kv_cache(self) -> KVCache:
-        config = self.model.config
+    @property
+    def graph_pool(self) -> Any:
+        """The one graph pool of every graph of this runner."""
+        return self._target.pool
+
+    @property
+    def capture_stream(self) -> Any:
+        """The one capture stream of every graph of this runner."""
+        return self._target.stream
+
+    def _make_kv_cache(self, make: KVCacheFactory) -> KVCache:
+        config = self.config
         common: dict[str, Any] = dict(
             layer_types=config.layer_types, num_kv_heads=config.num_kv_heads,
             head_dim=config.head_dim, size=self.max_total_tokens,
             max_requests=self.max_running_requests, max_context_len=self.max_context_len,
-            dtype=self.model.lm_head.weight.dtype, device=self.device.device,
-            recurrent_dim=config.recurrent_dim,
+            dtype=config.kv_dtype, device=self.device.device,
         )
+        if config.recurrent_state_shape:
+            common["recurrent_dim"] = math.prod(config.recurrent_state_shape)
+            common["recurrent_dtype"] = config.recurrent_state_dtype or config.kv_dtype
         if config.is_hybrid_swa:
             swa = max(1, int(self.max_total_tokens * self.swa_full_tokens_ratio))
-            return HybridSWAKVCache(swa_size=swa, sliding_window=config.sliding_window, **common)
-        return KVCache(**common)
-
-    attention_backend_cls: type[TorchAttentionBackend] = TorchAttentionBackend
-    """The backend class :meth:`_make_attention_backend` builds (a mutant may swap it)."""
-
-    def _make_attention_backend(self) -> TorchAttentionBackend:
-        config = self.model.config
-        return self.attention_backend_cls(
-            self.kv_cache, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
-            head_dim=config.head_dim, sliding_window=config.sliding_window,
-            max_bs=self.max_running_requests, max_num_tokens=self.max_total_tokens,
-            compressor=config.compressor,
-        )
+            return make(swa_size=swa, sliding_window=config.sliding_window, **common)
+        return make(**common)
 
     # -- forward -------------------------------------------------------------------------------
 
@@ -180,22 +235,27 @@ class ModelRunner:
         return ModelRunnerStats(total.captures, total.replays, self._eager_runs)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits ``[bs, vocab]`` of each request's last token: decode batches go to the decode
-        runner, extend batches to the prefill runner (each runs what it cannot serve eagerly),
-        everything else runs eagerly."""
+        """Logits ``[bs, vocab]`` of each request's last token: decode batches to the decode
+        runner, extend batches to the prefill runner, each decided once (``decide``); what no
+        runner serves runs eagerly here."""
         mode = batch.forward_mode
         if mode.is_decode() and self.decode_runner is not None:
-            return self.decode_runner(batch)
+            return self._serve(self.decode_runner, batch)
         if mode.is_extend() and self.prefill_runner is not None:
-            return self.prefill_runner(batch)
+            return self._serve(self.prefill_runner, batch)
         return self.forward_eager(batch)
+
+    def _serve(self, runner: Any, batch: ForwardBatch) -> torch.Tensor:
+        decide = getattr(runner, "decide", None)
+        if decide is None:
+            return runner(batch)  # a third party's gate (the shape of one release)
+        key = decide(batch)
+        return self.forward_eager(batch) if key is None else runner.run(key, batch)
 
     def forward_eager(self, batch: ForwardBatch) -> torch.Tensor:
         """Both metadata halves and the whole model, eagerly."""
         self._eager_runs += 1
-        with set_forward_context(batch):
-            self.attn_backend.init_forward_metadata(batch)
-            return self.model(batch)
+        return self._target.forward(batch)
 
     # -- requests and batches ------------------------------------------------------------------
 
@@ -203,7 +263,7 @@ class ModelRunner:
         tokens = [int(t) for t in prompt]
         if not tokens:
             raise ValueError("prompt must hold at least one token")
-        vocab = self.model.config.vocab_size
+        vocab = self.config.vocab_size
         if min(tokens) < 0 or max(tokens) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab}), got {tokens}")
         return tokens
@@ -275,7 +335,7 @@ class ModelRunner:
 
     def _after_step(self, requests: Sequence[Request]) -> None:
         """Free sliding-window slots no future query attends: positions ``<= len - window``."""
-        window = self.model.config.sliding_window
+        window = self.config.sliding_window
         if window is None:
             return
         for r in requests:

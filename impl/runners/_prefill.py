@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from .._hooks import RemovableHandle, StepHooks
 from ..breakable import BreakableCUDAGraph, BreakableCUDAGraphCapture, enable_breakable_cuda_graph
 from ..models import ForwardBatch, ForwardMode, set_forward_context
 from ..registry import CudaGraphBufferRegistry, GraphSlot, PaddingPolicy, build_prefill_registry
 from ._common import RunnerStats, StatsCounter, check_sizes, pad_to_captured
 from ._layer_stack import resolve_layer_stack
+from ._target import GraphTarget, as_graph_target
 
-if TYPE_CHECKING:
-    from ._model_runner import ModelRunner
+__all__ = ["BreakableCudaGraphRunner", "PrefillEntry", "default_prefill_sizes"]
 
-__all__ = ["BreakableCudaGraphRunner", "default_prefill_sizes"]
+PREFILL_STEPS = ("prepare_capture", "prepare_replay", "captured_forward", "outputs")
+"""The steps of :class:`BreakableCudaGraphRunner` a hook may wrap (see ``register_hook``)."""
 
 
 def default_prefill_sizes(max_num_tokens: int) -> list[int]:
@@ -27,6 +30,16 @@ def default_prefill_sizes(max_num_tokens: int) -> list[int]:
         *range(1280, 4097, 256),
     ]
     return [s for s in ladder if s <= max_num_tokens]
+
+
+@dataclass(eq=False)
+class PrefillEntry:
+    """One captured token count: its breakable graph, the hidden states it writes (every padded
+    token row) and the one-request placeholder batch it was captured with."""
+
+    graph: BreakableCUDAGraph
+    output: Any
+    placeholder: ForwardBatch
 
 
 class BreakableCudaGraphRunner:
@@ -42,40 +55,51 @@ class BreakableCudaGraphRunner:
        breakable capture of the layer stack **only**. Its kernels depend on the token count,
        never on the number of requests (``RUN-7``): the bs-shaped head
        (``compute_logits``) is not captured.
-    2. ``runner(batch)`` is the gate: :meth:`replay` when :meth:`can_run`, else an eager run.
-    3. :meth:`replay` pads the token count to the next captured size (``bisect_left``), fills
-       the prefill registry (token tail zeroed, the request axis not padded), runs **both**
-       metadata halves on the live, unpadded batch (``RUN-8``), replays with the live batch in
-       the forward context (each break narrows to the real tokens), then runs
-       ``compute_logits`` eagerly on the real rows of the captured hidden states.
+    2. :meth:`decide` is the one decision per step: the padded token count of a batch
+       :meth:`can_run` accepts, else ``None`` (counted in ``stats.eager_fallbacks``; the caller
+       runs it eagerly).
+    3. :meth:`run` trusts the key: fills the prefill registry (token tail zeroed, the request
+       axis not padded), runs **both** metadata halves on the live, unpadded batch (``RUN-8``),
+       replays with the live batch in the forward context (each break narrows to the real
+       tokens), then runs ``compute_logits`` eagerly on the real rows of the captured hidden
+       states.
 
     The layer stack is ``model.get_layer_stack()``; without it, a walk of the usual attributes
     (with a warning); when nothing resolves, the runner is disabled (a warning) and every batch
-    runs eagerly (``RUN-9``).
+    is declined (``RUN-9``).
 
     Arguments:
-        model_runner: the :class:`~impl.ModelRunner` whose model, cache and backend it uses.
+        target: the :class:`~impl.GraphTarget` whose model, cache and backend it uses; a
+            :class:`~impl.ModelRunner` stands for its target (the shape of one release).
         capture_num_tokens: token counts to capture (default :func:`default_prefill_sizes` up to
-            ``max_num_tokens``); each at most the model runner's ``max_context_len`` (the
+            ``max_num_tokens``); each at most the target's ``max_context_len`` (the
             placeholder is one request of that many tokens).
         max_num_tokens: cap of the default ladder (default 512).
-        pool, stream: the graph pool and capture stream (default the model runner's), so a
-            manager can put several models' graphs in one pool.
+        pool, stream: the graph pool and capture stream (default the target's), so a manager
+            can put several models' graphs in one pool.
+        hooks: step name -> hook, registered before the capture (:meth:`register_hook`).
+
+    **Hooks** (:meth:`register_hook`; each ``hook(runner, proceed, *args)``):
+    ``prepare_capture(batch)`` and ``prepare_replay(batch)`` are the metadata work before
+    warmup and capture, and before each replay; ``captured_forward(batch)`` is what the
+    breakable graph records (the layer stack); ``outputs(captured, batch)`` turns the replayed
+    hidden states into logits.
     """
 
     def __init__(
         self,
-        model_runner: ModelRunner,
+        target: GraphTarget | Any,
         *,
         capture_num_tokens: Sequence[int] | None = None,
         max_num_tokens: int = 512,
         num_warmups: int = 2,
         pool: Any = None,
         stream: Any = None,
+        hooks: Mapping[str, Callable[..., Any]] | None = None,
     ) -> None:
-        self.model_runner = model_runner
-        self.device = model_runner.device
-        limit = min(model_runner.max_context_len, model_runner.max_total_tokens)
+        self.target: GraphTarget = as_graph_target(target)
+        self.device = self.target.device
+        limit = min(self.target.max_context_len, self.target.max_total_tokens)
         sizes = (
             default_prefill_sizes(min(max_num_tokens, limit))
             if capture_num_tokens is None else capture_num_tokens
@@ -83,16 +107,23 @@ class BreakableCudaGraphRunner:
         self.capture_num_tokens = check_sizes("capture_num_tokens", sizes, limit)
         self.max_num_tokens = self.capture_num_tokens[-1]
         self.num_warmups = int(num_warmups)
-        self.pool = pool if pool is not None else model_runner.graph_pool
-        self.stream = stream if stream is not None else model_runner.capture_stream
-        self.layer_stack = resolve_layer_stack(model_runner.model)
-        self.graphs: dict[int, BreakableCUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.pool = pool if pool is not None else self.target.pool
+        self.stream = stream if stream is not None else self.target.stream
+        self.layer_stack = resolve_layer_stack(self.target.model)
+        self._hooks = StepHooks("BreakableCudaGraphRunner", PREFILL_STEPS)
+        for step, hook in (hooks or {}).items():
+            self._hooks.register(step, hook)
+        self.entries: dict[int, PrefillEntry] = {}
         self._counter = StatsCounter()
-        self._placeholders: dict[int, ForwardBatch] = {}
         self.registry = self._build_registry()
         if self.layer_stack is not None:
             self.capture()
+
+    def register_hook(self, step: str, hook: Callable[..., Any]) -> RemovableHandle:
+        """Wrap one of the steps listed in the class docstring with
+        ``hook(runner, proceed, *args)``; the handle's ``remove()`` takes it off. Hooks that
+        must take part in the capture at construction are given as ``hooks=``."""
+        return self._hooks.register(step, hook)
 
     @property
     def enabled(self) -> bool:
@@ -103,50 +134,52 @@ class BreakableCudaGraphRunner:
     def stats(self) -> RunnerStats:
         return self._counter.snapshot()
 
-    # -- steps a mutant may override -----------------------------------------------------------
+    @property
+    def graphs(self) -> dict[int, BreakableCUDAGraph]:
+        """Captured token count -> its breakable graph."""
+        return {tokens: entry.graph for tokens, entry in self.entries.items()}
+
+    # -- steps ---------------------------------------------------------------------------------
 
     def _build_registry(self) -> CudaGraphBufferRegistry:
-        config = self.model_runner.model.config
+        config = self.target.config
         registry = build_prefill_registry(
-            device=self.device.device, max_bs=self.model_runner.max_running_requests,
+            device=self.device.device, max_bs=self.target.max_bs,
             max_num_token=self.max_num_tokens, cache_loc_dtype=torch.int64,
             is_hybrid_swa=config.is_hybrid_swa, share_pool=False,
         )
-        if config.kind == "draft":
+        if config.draft:
             hidden = config.hidden_size
 
             def shape(max_bs: int, max_num_tokens: int) -> tuple[int, int]:
                 return (max_num_tokens, hidden)
 
             registry.register_slot(GraphSlot(
-                "hidden_states", shape, self.model_runner.model.lm_head.weight.dtype, "tokens",
+                "hidden_states", shape, config.kv_dtype, "tokens",
                 padding_policy=PaddingPolicy.ZERO,
             ))
         return registry
 
     def _prepare_replay(self, batch: ForwardBatch) -> None:
         """Both metadata halves on the live batch (``RUN-8``)."""
-        self.model_runner.attn_backend.init_forward_metadata(batch)
-
-    def _prepare_capture(self, batch: ForwardBatch) -> None:
-        """Metadata work before warmup and capture: as before a replay."""
-        self._prepare_replay(batch)
+        self.target.init_metadata(batch)
 
     def _captured_forward(self, batch: ForwardBatch) -> Any:
-        """What the breakable graph records: the layer stack only (``RUN-7``)."""
+        """What the breakable graph records: the layer stack only (``RUN-7``), called
+        positionally as ``(input_ids, positions, hidden_states)`` (``MODEL-3``)."""
         assert self.layer_stack is not None
         return self.layer_stack(batch.input_ids, batch.positions, batch.hidden_states)
 
     def _outputs(self, captured: Any, batch: ForwardBatch) -> torch.Tensor:
         """The eager head after replay: logits of the real requests from the real rows."""
-        return self.model_runner.model.compute_logits(captured[: batch.num_tokens], batch)
+        return self.target.model.compute_logits(captured[: batch.num_tokens], batch)
 
     # -- capture -------------------------------------------------------------------------------
 
     def _placeholder(self, tokens: int) -> ForwardBatch:
         """One request of ``tokens`` tokens over registry views: request row 0 and cache slot 0
         (the dummy slots), positions 0."""
-        runner, where = self.model_runner, self.device.device
+        target, where = self.target, self.device.device
         one = torch.tensor([tokens], dtype=torch.int64, device=where)
         zero = torch.zeros(1, dtype=torch.int64, device=where)
         empty = torch.zeros(0, dtype=torch.int64, device=where)
@@ -155,7 +188,7 @@ class BreakableCudaGraphRunner:
             req_pool_indices=zero, seq_lens=one, seq_lens_cpu=one.cpu(), out_cache_loc=empty,
             extend_seq_lens=one, extend_prefix_lens=zero, extend_start_loc=zero,
             extend_seq_lens_cpu=[tokens], extend_prefix_lens_cpu=[0], extend_start_loc_cpu=[0],
-            attn_backend=runner.attn_backend, kv_cache=runner.kv_cache,
+            attn_backend=target.attn_backend, kv_cache=target.kv_cache,
             # A non-None field makes extract_buffer expose the slot's view.
             hidden_states=empty if self.registry.has_slot("hidden_states") else None,
         )
@@ -173,27 +206,27 @@ class BreakableCudaGraphRunner:
         device.current_stream().wait_stream(self.stream)
 
     def _capture_one(self, tokens: int) -> None:
+        hooks = self._hooks
         batch = self._placeholder(tokens)
         with set_forward_context(batch):
-            self._prepare_capture(batch)
+            hooks.call("prepare_capture", self, self._prepare_replay, batch)
             for _ in range(self.num_warmups):
-                self._captured_forward(batch)
+                hooks.call("captured_forward", self, self._captured_forward, batch)
             graph = BreakableCUDAGraph(self.device)
             with BreakableCUDAGraphCapture(graph, pool=self.pool, stream=self.stream):
-                output = self._captured_forward(batch)
-        self.graphs[tokens], self.outputs[tokens] = graph, output
+                output = hooks.call("captured_forward", self, self._captured_forward, batch)
         # The placeholder's own tensors (request-axis fields) are read by nothing the graph
         # records; kept with the graph anyway, so a capture that strays outside the layer stack
         # reads stale placeholder values, never freed memory.
-        self._placeholders[tokens] = batch
+        self.entries[tokens] = PrefillEntry(graph, output, batch)
         self._counter.captures += 1
 
-    # -- the gate and replay -------------------------------------------------------------------
+    # -- decision and replay -------------------------------------------------------------------
 
     def can_run(self, batch: ForwardBatch) -> bool:
         """Extend and mixed batches (not target-verify, not input embeddings) of at most the
         largest captured token count whose padding at most doubles the work, with at most
-        ``max_running_requests`` requests."""
+        ``max_bs`` requests."""
         tokens = batch.num_tokens
         padded = pad_to_captured(self.capture_num_tokens, tokens)
         return (
@@ -203,32 +236,51 @@ class BreakableCudaGraphRunner:
             and tokens > 0
             and padded is not None
             and padded <= 2 * tokens
-            and batch.batch_size <= self.model_runner.max_running_requests
+            and batch.batch_size <= self.target.max_bs
         )
 
-    def __call__(self, batch: ForwardBatch) -> torch.Tensor:
-        if self.can_run(batch):
-            return self.replay(batch)
-        self._counter.eager_fallbacks += 1
-        return self.model_runner.forward_eager(batch)
+    def _key(self, batch: ForwardBatch) -> int | None:
+        if not self.can_run(batch):
+            return None
+        return pad_to_captured(self.capture_num_tokens, batch.num_tokens)
+
+    def decide(self, batch: ForwardBatch) -> int | None:
+        """The captured token count that serves ``batch``, or ``None`` (counted as a declined
+        batch in ``stats.eager_fallbacks``; the caller runs it eagerly). Host values only."""
+        key = self._key(batch)
+        if key is None:
+            self._counter.eager_fallbacks += 1
+        return key
+
+    def run(self, padded: int, batch: ForwardBatch) -> torch.Tensor:
+        """Replay the graph of token count ``padded`` (from :meth:`decide`) for ``batch``: fill,
+        both metadata halves on the live batch, replay, eager head."""
+        tokens, bs = batch.num_tokens, batch.batch_size
+        self.registry.fill_from(
+            batch, raw_bs=bs, padded_bs=bs, raw_num_tokens=tokens, padded_num_tokens=padded
+        )
+        entry, hooks = self.entries[padded], self._hooks
+        with set_forward_context(batch):
+            hooks.call("prepare_replay", self, self._prepare_replay, batch)
+            entry.graph.replay()
+            logits = hooks.call("outputs", self, self._outputs, entry.output, batch)
+        self._counter.replays += 1
+        return logits
 
     def replay(self, batch: ForwardBatch) -> torch.Tensor:
-        """Pad, fill, both metadata halves on the live batch, replay, eager head."""
-        if not self.can_run(batch):
+        """:meth:`run` of the token count that serves ``batch``; :class:`ValueError` when none
+        does."""
+        padded = self._key(batch)
+        if padded is None:
             raise ValueError(
                 f"extend batch of {batch.num_tokens} tokens in mode {batch.forward_mode.name} "
                 f"cannot replay: captured token counts {self.capture_num_tokens} "
                 "(check can_run first)"
             )
-        tokens, bs = batch.num_tokens, batch.batch_size
-        padded = pad_to_captured(self.capture_num_tokens, tokens)
-        assert padded is not None
-        self.registry.fill_from(
-            batch, raw_bs=bs, padded_bs=bs, raw_num_tokens=tokens, padded_num_tokens=padded
-        )
-        with set_forward_context(batch):
-            self._prepare_replay(batch)
-            self.graphs[padded].replay()
-            logits = self._outputs(self.outputs[padded], batch)
-        self._counter.replays += 1
-        return logits
+        return self.run(padded, batch)
+
+    def __call__(self, batch: ForwardBatch) -> torch.Tensor:
+        """The gate of one release: :meth:`decide`, then :meth:`run`, or the target's eager
+        forward for a declined batch."""
+        padded = self.decide(batch)
+        return self.target.forward(batch) if padded is None else self.run(padded, batch)

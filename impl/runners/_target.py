@@ -1,0 +1,66 @@
+"""What a graph runner wraps: the narrow view of a model runner (``spec.GraphTarget``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from spec import RunnerConfig
+
+from ..models import set_forward_context
+
+__all__ = ["GraphTarget", "as_graph_target"]
+
+
+@dataclass(eq=False)
+class GraphTarget:
+    """The model, its attention backend and KV cache, the one graph pool and capture stream, and
+    the limits graphs are sized by: everything a graph runner reads (``spec.GraphTarget``).
+
+    Built by :class:`~impl.ModelRunner` (``model_runner.graph_target()``), or by hand for a
+    runner of one's own. A runner holds the target, never the model runner: what it does not
+    serve, the caller runs eagerly (:meth:`forward`).
+
+    .. note::
+        Captures sharing ``pool`` must share ``stream``: the caching allocator keeps a pool's
+        free blocks per stream.
+    """
+
+    device: Any
+    model: Any
+    config: RunnerConfig
+    attn_backend: Any
+    kv_cache: Any
+    pool: Any
+    stream: Any
+    max_bs: int
+    max_context_len: int
+    max_total_tokens: int
+
+    def init_metadata_out_graph(self, batch: Any) -> None:
+        """The host half of attention metadata (never inside a graph)."""
+        self.attn_backend.init_forward_metadata_out_graph(batch)
+
+    def init_metadata_in_graph(self, batch: Any) -> None:
+        """The static-shape device half (recordable inside a graph)."""
+        self.attn_backend.init_forward_metadata_in_graph(batch)
+
+    def init_metadata(self, batch: Any) -> None:
+        """Both halves, in order."""
+        self.attn_backend.init_forward_metadata(batch)
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        """The model on ``batch``, eagerly: both metadata halves, then ``model(batch)``, with the
+        batch as the forward context."""
+        with set_forward_context(batch):
+            self.init_metadata(batch)
+            return self.model(batch)
+
+
+def as_graph_target(target: Any) -> Any:
+    """``target`` itself, or the target of a model runner passed in its place (the constructor
+    shape ``Runner(model_runner, ...)`` engines use, kept for one release)."""
+    make = getattr(target, "graph_target", None)
+    return make() if callable(make) else target

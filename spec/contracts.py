@@ -1,0 +1,234 @@
+"""What the parts of a graph runner promise each other: protocols for the model the runners
+drive, the batch a model reads, the target a graph runner wraps, the runner itself, and the
+names each part of an implementation under test provides (``conformance.Adapter``).
+
+``impl`` is one implementation of all of them (``impl.ForwardBatch``, ``impl.CausalLM``,
+``impl.GraphTarget``, ``impl.CudaGraphRunner``, ...); a user's model needs only
+:class:`RunnerModel` (and, for breakable prefill, :class:`HasLayerStack`) plus a
+:class:`spec.RunnerConfig`. The protocols are ``runtime_checkable`` where a runner checks them:
+such a check looks at names only, never at signatures.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Protocol, TypeVar, runtime_checkable
+
+import torch
+
+from .runner_config import RunnerConfig
+
+__all__ = [
+    "BREAKABLE_NAMES",
+    "REGISTRY_NAMES",
+    "RUNNER_NAMES",
+    "RUNNER_OPTIONAL_NAMES",
+    "BreakableAPI",
+    "ForwardBatchLike",
+    "GraphRunner",
+    "GraphTarget",
+    "HasLayerStack",
+    "LayerStackLike",
+    "RegistryAPI",
+    "RunnerModel",
+    "RunnerStatsLike",
+    "RunnersAPI",
+    "RunnersOptionalAPI",
+    "api_names",
+]
+
+K = TypeVar("K")
+
+
+class ForwardBatchLike(Protocol):
+    """The fields of one forward step a model may read (``MODEL-2``): tokens ``T``, requests
+    ``bs``. Token-major: ``input_ids`` and ``positions`` (``[T]``), ``out_cache_loc`` (the KV
+    slots written this step). Request-major: ``req_pool_indices``, ``seq_lens`` (lengths after
+    this step) and ``seq_lens_cpu``. Extend steps: ``extend_seq_lens``, ``extend_prefix_lens``,
+    ``extend_start_loc`` and their host lists. ``hidden_states``: a draft's input from the
+    target. ``attn_backend`` and ``kv_cache``: what the layers attend with.
+
+    Inside a graph a model reads device tensors only: the host fields (``*_cpu``,
+    ``batch_size``) hold the *capture's* values at replay, so reading them there bakes the
+    placeholder batch into the graph.
+    """
+
+    forward_mode: Any
+    batch_size: int
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    req_pool_indices: torch.Tensor
+    seq_lens: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+    out_cache_loc: torch.Tensor
+    extend_seq_lens: torch.Tensor | None
+    extend_prefix_lens: torch.Tensor | None
+    extend_start_loc: torch.Tensor | None
+    extend_seq_lens_cpu: list[int] | None
+    extend_prefix_lens_cpu: list[int] | None
+    extend_start_loc_cpu: list[int] | None
+    hidden_states: torch.Tensor | None
+    attn_backend: Any
+    kv_cache: Any
+
+    @property
+    def num_tokens(self) -> int: ...
+
+
+@runtime_checkable
+class LayerStackLike(Protocol):
+    """The token-major part of a model a breakable prefill graph captures (``MODEL-3``):
+    ``stack(input_ids [T], positions [T], hidden_states [T, H] | None) -> [T, hidden]``. What
+    it launches depends on the token count only, never on the number of requests."""
+
+    def __call__(
+        self, input_ids: torch.Tensor, positions: torch.Tensor,
+        hidden_states: torch.Tensor | None = None, /,
+    ) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class RunnerModel(Protocol):
+    """The model the runners drive (``MODEL-1``):
+
+    - ``model(batch)``: float logits ``[bs, vocab]`` of each request's last token, reading the
+      batch (:class:`ForwardBatchLike`) and attending through ``batch.attn_backend``;
+    - ``model.compute_logits(hidden [T, hidden], batch)``: the bs-shaped head alone, the rows
+      of each request's last token (decode: rows ``[:bs]``; extend: ``extend_start_loc +
+      extend_seq_lens - 1``), never captured by a breakable prefill graph (``RUN-7``);
+    - ``model.runner_config``: its :class:`spec.RunnerConfig` (or pass ``model_config=`` to
+      the runner).
+    """
+
+    runner_config: RunnerConfig
+
+    def __call__(self, batch: Any) -> torch.Tensor: ...
+
+    def compute_logits(self, hidden: torch.Tensor, batch: Any) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class HasLayerStack(Protocol):
+    """A model whose layer stack a breakable prefill graph may capture: ``get_layer_stack()``
+    returns it (:class:`LayerStackLike`). Without it a runner serves extend batches eagerly
+    (``RUN-9``)."""
+
+    def get_layer_stack(self) -> LayerStackLike: ...
+
+
+class GraphTarget(Protocol):
+    """What a graph runner wraps: the narrow view of a model runner it captures and replays
+    (``RUN-12``). The runner never reaches past it.
+
+    - ``device``: the device module; ``pool`` and ``stream``: the one graph pool and capture
+      stream every graph of the target shares (captures sharing a pool share the stream).
+    - ``model``: the :class:`RunnerModel`; ``config``: its :class:`spec.RunnerConfig`.
+    - ``attn_backend`` and ``kv_cache``: what batches carry.
+    - ``init_metadata_out_graph(batch)`` / ``init_metadata_in_graph(batch)``: the two halves of
+      attention metadata (host preparation, never in a graph; static-shape device work,
+      recordable in a graph).
+    - ``max_bs``, ``max_context_len``, ``max_total_tokens``: the limits graphs are sized by.
+    """
+
+    device: Any
+    pool: Any
+    stream: Any
+    model: RunnerModel
+    config: RunnerConfig
+    attn_backend: Any
+    kv_cache: Any
+    max_bs: int
+    max_context_len: int
+    max_total_tokens: int
+
+    def init_metadata_out_graph(self, batch: Any) -> None: ...
+
+    def init_metadata_in_graph(self, batch: Any) -> None: ...
+
+
+class RunnerStatsLike(Protocol):
+    """A runner's counters: graphs captured, replays, and batches it declined
+    (``eager_fallbacks``, counted by whichever object ran them eagerly: ``RUN-12``)."""
+
+    captures: int
+    replays: int
+    eager_fallbacks: int
+
+
+class GraphRunner(Protocol[K]):
+    """A graph runner in the shape of vLLM's graph wrapper (``RUN-12``): one decision per step,
+    then a run that trusts it.
+
+    - ``decide(batch) -> key | None``: the captured key that serves ``batch`` (a padded size,
+      a ``BatchDescriptor``), or ``None`` when no graph does; host values only, no device sync.
+      The caller runs a ``None`` batch eagerly and owns that fallback.
+    - ``run(key, batch)``: replay the graph of ``key`` with ``batch`` padded into it; the
+      logits of the real requests.
+    - ``stats``: :class:`RunnerStatsLike`.
+    """
+
+    @property
+    def stats(self) -> RunnerStatsLike: ...
+
+    def decide(self, batch: Any) -> K | None: ...
+
+    def run(self, key: K, batch: Any) -> torch.Tensor: ...
+
+
+class RegistryAPI(Protocol):
+    """What a ``registry`` part provides: ``impl``'s input-buffer registry names and semantics
+    (``REG-*``, ``POOL-*``)."""
+
+    CudaGraphBufferRegistry: Any
+    FillContext: Any
+    GraphSlot: Any
+    PaddingPolicy: Any
+    build_decode_registry: Any
+    build_prefill_registry: Any
+    clear_input_buffer_pool: Any
+    share_input_buffer: Any
+
+
+class BreakableAPI(Protocol):
+    """What a ``breakable`` part provides: ``impl``'s breakable-graph names and semantics
+    (``BCG-*``)."""
+
+    BreakableCUDAGraph: Any
+    BreakableCUDAGraphCapture: Any
+    break_graph: Any
+    eager_on_graph: Any
+    enable_breakable_cuda_graph: Any
+    get_replay_id: Any
+    get_replay_stream: Any
+    is_in_breakable_cuda_graph: Any
+
+
+class RunnersAPI(Protocol):
+    """What a ``runners`` part provides at least: a decode runner class built as
+    ``CudaGraphRunner(model_runner, capture_bs=sizes, **options)`` (the shim of one release;
+    ``CudaGraphRunner(target, ...)`` is the contract), with the gate ``runner(batch)``,
+    :class:`GraphRunner`'s ``decide`` and ``run``, ``can_run``, ``replay``, ``stats`` and
+    ``graphs`` (``RUN-*``)."""
+
+    CudaGraphRunner: Any
+
+
+class RunnersOptionalAPI(Protocol):
+    """Runner names a ``runners`` part may add (the breakable prefill runner, the manager);
+    tests needing one it lacks are skipped with the name."""
+
+    BatchDescriptor: Any
+    BreakableCudaGraphRunner: Any
+    CUDAGraphMode: Any
+    CudaGraphManager: Any
+    CudagraphDispatcher: Any
+
+
+def api_names(protocol: type) -> tuple[str, ...]:
+    """The attribute names an API protocol declares, sorted."""
+    return tuple(sorted(getattr(protocol, "__annotations__", {})))
+
+
+REGISTRY_NAMES: Final = api_names(RegistryAPI)
+BREAKABLE_NAMES: Final = api_names(BreakableAPI)
+RUNNER_NAMES: Final = api_names(RunnersAPI)
+RUNNER_OPTIONAL_NAMES: Final = api_names(RunnersOptionalAPI)
