@@ -214,17 +214,21 @@ _LEAVES_A_CAPTURE_OPEN = frozenset({"open_after_failed_join"})
 
 def _breakable_failure(backend: Any, case: str, variant: str = "reference") -> dict[str, Any]:
     key = (backend.name, case, variant)
-    if key not in _BREAKABLE_OUTCOMES:
+    outcome = _BREAKABLE_OUTCOMES.get(key)
+    if outcome is None:
         # A mutant may leave a capture open, which outlives any device on the fake too (its
         # dispatch mode stays on the thread): a subprocess. Others may leak context variables
         # (confined to a copy of this context) or device state (a device of their own).
         mutant = variant != "reference"
-        isolate = (backend.isolate_failures and mutant) or variant in _LEAVES_A_CAPTURE_OPEN
-        _BREAKABLE_OUTCOMES[key] = contextvars.copy_context().run(
+        isolate = backend.isolate_failures or variant in _LEAVES_A_CAPTURE_OPEN
+        outcome = contextvars.copy_context().run(
             run_scenario, backend, breakable_failure, case, variant,
             isolate=isolate, fresh_device=mutant,
         )
-    outcome = _BREAKABLE_OUTCOMES[key]
+        # Only a subprocess's outcome is kept for the next test of the case: in-process, each
+        # test runs the capture itself, so it is the one that reaches the code under test.
+        if isolate:
+            _BREAKABLE_OUTCOMES[key] = outcome
     assert outcome.error is None, f"after the failure: {outcome.describe()}\n{outcome.log}"
     assert outcome.usable_after, f"{case}: {outcome.usable_detail}"
     return outcome.value

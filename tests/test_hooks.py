@@ -153,3 +153,51 @@ def test_mutants_override_no_private_method_of_impl() -> None:
                     and not item.name.startswith("__"):
                 offenders.append(f"{node.name}.{item.name}")
     assert not offenders, f"mutants override private impl methods: {offenders}"
+
+
+def test_every_capture_step_runs_its_hooks_with_the_capture_as_owner() -> None:
+    """A pass-through hook on every step of ``impl.CAPTURE_STEPS`` sees its capture as owner and
+    changes nothing: over a capture with a fork joined after a break, and one whose body
+    raises, every step ran through its hook and both behave as without hooks."""
+    device = fakes.FakeDevice()
+    seen: set[str] = set()
+
+    def through(step: str):
+        def hook(owner, proceed, *args):
+            assert isinstance(owner, impl.BreakableCUDAGraphCapture), (step, owner)
+            seen.add(step)
+            return proceed(*args)
+
+        return hook
+
+    @impl.eager_on_graph()
+    def double(h: torch.Tensor) -> torch.Tensor:
+        return h * 2
+
+    def capture(graph: impl.BreakableCUDAGraph, fail: bool) -> impl.BreakableCUDAGraphCapture:
+        made = impl.BreakableCUDAGraphCapture(graph)
+        for step in impl.CAPTURE_STEPS:
+            made.register_hook(step, through(step))
+        return made
+
+    x = torch.arange(4, dtype=torch.float32)
+    side = device.Stream()
+    graph = impl.BreakableCUDAGraph(device)
+    with capture(graph, fail=False):
+        current = device.current_stream()
+        side.wait_stream(current)
+        with device.stream(side):
+            a = x * 3
+        y = double(x + 1)
+        current.wait_stream(side)
+        out = y + a
+    graph.replay()
+    assert out.tolist() == ((x + 1) * 2 + x * 3).tolist()
+    failed = impl.BreakableCUDAGraph(device)
+    with pytest.raises(KeyError), capture(failed, fail=True):
+        double(x)
+        raise KeyError("model failure")
+    assert seen == set(impl.CAPTURE_STEPS), f"steps that never ran their hook: " \
+        f"{sorted(set(impl.CAPTURE_STEPS) - seen)}"
+    with pytest.raises(ValueError, match="BreakableCUDAGraphCapture"):
+        impl.BreakableCUDAGraphCapture(graph).register_hook("no_such_step", through("x"))

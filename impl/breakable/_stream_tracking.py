@@ -49,12 +49,12 @@ class ForkTracker:
 
     def __init__(
         self, device: DeviceModule, origin: StreamLike, original: _WaitStream,
-        decide: Callable[[ForkTracker, Any, Any], Any] | None = None,
+        decide: Callable[[ForkTracker, Any, Any], Any],
     ) -> None:
         self.device = device
         self.origin = origin
         self._original = original
-        # Who decides a call: the tracker itself, or its capture (which may wrap the decision).
+        # Who decides a call: the capture, which may wrap on_wait_stream in its hooks.
         self._decide = decide
         self.forks: list[StreamLike] = []
 
@@ -75,10 +75,8 @@ class ForkTracker:
         return self._original(waiter, other)
 
     def dispatch(self, waiter: StreamLike, other: StreamLike) -> Any:
-        """A ``waiter.wait_stream(other)`` call of this context: :meth:`on_wait_stream`, or the
-        decision of the capture that made the tracker."""
-        if self._decide is None:
-            return self.on_wait_stream(waiter, other)
+        """A ``waiter.wait_stream(other)`` call of this context, decided by the capture that
+        made the tracker (its :meth:`on_wait_stream`, inside the capture's hooks)."""
         return self._decide(self, waiter, other)
 
     def join_all(self) -> None:
@@ -137,7 +135,7 @@ _LOCK = threading.Lock()
 @contextmanager
 def track_forks(
     device: DeviceModule, origin: StreamLike,
-    decide: Callable[[ForkTracker, Any, Any], Any] | None = None,
+    decide: Callable[[ForkTracker, Any, Any], Any],
 ) -> Iterator[ForkTracker]:
     """Track forks from ``origin`` while the body runs, in this context; see
     :class:`ForkTracker`.
@@ -145,8 +143,8 @@ def track_forks(
     The ``wait_stream`` wrapper is installed on ``device.Stream`` on entry (unless another
     capture already installed it) and removed on exit, the class's own method restored, when no
     other capture uses it, even if the body raises. The tracker is this context's: calls made
-    in other threads or tasks are not tracked. ``decide(tracker, waiter, other)``, when given,
-    decides each call in place of :meth:`ForkTracker.on_wait_stream`.
+    in other threads or tasks are not tracked. ``decide(tracker, waiter, other)`` decides each
+    call (the capture's :meth:`ForkTracker.on_wait_stream`, inside its hooks).
     """
     cls = device.Stream
     with _LOCK:
