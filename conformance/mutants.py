@@ -361,7 +361,6 @@ def _positions_pad_kept(**kwargs: Any) -> impl.CudaGraphBufferRegistry:
     return registry
 
 
-
 def _registry_built_by(build: Callable[..., impl.CudaGraphBufferRegistry]) -> Callable[..., Any]:
     """A ``build_registry`` hook building the decode registry with ``build`` instead."""
 
@@ -464,7 +463,8 @@ def _model_runner_with_backend(cls: type[impl.TorchAttentionBackend]) -> Callabl
                 kv_cache, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
                 head_dim=config.head_dim, sliding_window=config.sliding_window,
                 max_bs=kwargs["max_running_requests"], max_num_tokens=kwargs["max_total_tokens"],
-                compressor=config.two_half_metadata,
+                compressor=config.two_half_metadata, scale=config.attention_scale,
+                logit_softcap=config.attention_logit_softcap,
             )
             made.device_module = device  # type: ignore[attr-defined]
             return made

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import torch
 
+from spec import GraphError
+
 
 def _host(t: torch.Tensor) -> list:
     return t.cpu().tolist()
@@ -90,13 +92,15 @@ def _captured_or_refused(api: Any, graph: Any, record: Any, *, may_refuse: bool)
     try:
         with api.BreakableCUDAGraphCapture(graph):
             return record()
-    except Exception:
+    except REFUSALS:
         if may_refuse:
             return None
         raise
 
 
-# Result kinds an engine may refuse at capture at core (BCG-6); supported at strict.
+# Result kinds an engine may refuse at capture at core (BCG-6); supported at strict. A refusal
+# is one of these errors (an AttributeError or KeyError from the engine is a bug).
+REFUSALS = (TypeError, ValueError, NotImplementedError, GraphError)
 _REFUSABLE = frozenset({"nested", "slots", "one-slot", "unset-slot"})
 
 

@@ -4,6 +4,7 @@ backends whose failures may poison the process, as PyTorch's own tests do)."""
 from __future__ import annotations
 
 import contextvars
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -284,18 +285,21 @@ def test_breakable_capture_failure_leaves_device_usable(
 
 @pytest.mark.clause("BCG-10", "BCG-9")
 @pytest.mark.parametrize(
-    ("variant", "case"),
+    ("variant", "case", "caught_by"),
     [
-        ("error_replaced", "user_error_in_segment"),
-        ("open_after_failed_join", "join_fails_at_end"),
-        ("leaked_setup_state", "default_stream"),
-        ("dropped_wait", "wait_on_eager_stream"),
+        ("error_replaced", "user_error_in_segment", "expected the model's exception"),
+        ("open_after_failed_join", "join_fails_at_end", "a capture was left open"),
+        ("leaked_setup_state", "default_stream", "after the failure: raised"),
+        ("dropped_wait", "wait_on_eager_stream", "wait_on_eager_stream: got None"),
     ],
 )
-def test_core_failure_checks_detect_field_defects(backend, variant: str, case: str) -> None:
+def test_core_failure_checks_detect_field_defects(
+    backend, variant: str, case: str, caught_by: str
+) -> None:
     """Each mutant reproduces a defect seen in a working engine's breakable capture; the core
-    checks above must fail on it (an assertion, or the scenario failing after the failure)."""
-    with pytest.raises(AssertionError) as detected:
+    check named by ``caught_by`` must fail on it (an assertion, or the scenario failing after
+    the failure: a leaked active capture refuses the recapture)."""
+    with pytest.raises(AssertionError, match=re.escape(caught_by)) as detected:
         _check_core_failure(backend, case, variant)
     print(f"mutant {variant!r} detected: {str(detected.value).splitlines()[0]}")
 

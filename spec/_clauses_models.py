@@ -12,9 +12,9 @@ define(
             RunnerConfig (model.runner_config, or the model_config given to the runner): a model
             with these names only runs under the runners as it runs eagerly.""", """The
             runners read nothing else of the model (never model.config), and a model whose
-            runner config is neither is refused with a TypeError naming
-            impl.from_transformers; a RunnerConfig with inconsistent fields is a ValueError
-            (a TypeError for a dtype that is not a torch.dtype)."""),
+            runner config is neither is refused with a TypeError; a RunnerConfig with
+            inconsistent fields is a ValueError (a TypeError for a dtype that is not a
+            torch.dtype)."""),
         ("MODEL-2", """A model reads the step from the batch's fields (spec.ForwardBatchLike)
             and attends through batch.attn_backend; the same batch run eagerly and through a
             graph gives the same logits."""),

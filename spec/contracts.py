@@ -125,7 +125,7 @@ class GraphTarget(Protocol):
     - ``attn_backend`` and ``kv_cache``: what batches carry.
     - ``init_metadata_out_graph(batch)`` / ``init_metadata_in_graph(batch)``: the two halves of
       attention metadata (host preparation, never in a graph; static-shape device work,
-      recordable in a graph).
+      recordable in a graph); ``init_metadata(batch)`` both; ``forward(batch)`` the eager step.
     - ``max_bs``, ``max_context_len``, ``max_total_tokens``: the limits graphs are sized by.
     """
 
@@ -143,6 +143,13 @@ class GraphTarget(Protocol):
     def init_metadata_out_graph(self, batch: Any) -> None: ...
 
     def init_metadata_in_graph(self, batch: Any) -> None: ...
+
+    def init_metadata(self, batch: Any) -> None:
+        """Both halves, in order."""
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        """The model on ``batch`` eagerly (both halves, then ``model(batch)``): what runs a
+        batch no graph serves."""
 
 
 class RunnerStatsLike(Protocol):

@@ -89,7 +89,7 @@ def test_a_capture_hook_sees_every_break_and_its_removal_restores_the_step() -> 
         assert seen == expected and out.tolist() == [5.0] * 4, (seen, out)
 
 
-def _imports_within(package: Path, prefix: str) -> dict[str, set[str]]:
+def _imports_within(package: Path, dotted: str) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for path in package.glob("*.py"):
         name = path.stem
@@ -99,6 +99,8 @@ def _imports_within(package: Path, prefix: str) -> dict[str, set[str]]:
                 edges.add(node.module.split(".")[0])
             elif isinstance(node, ast.ImportFrom) and node.level == 1:
                 edges.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(dotted + "."):
+                edges.add(node.module[len(dotted) + 1:].split(".")[0])  # type: ignore[index]
         graph[name] = {e for e in edges if (package / f"{e}.py").exists()}
     return graph
 
@@ -174,7 +176,7 @@ def test_every_capture_step_runs_its_hooks_with_the_capture_as_owner() -> None:
     def double(h: torch.Tensor) -> torch.Tensor:
         return h * 2
 
-    def capture(graph: impl.BreakableCUDAGraph, fail: bool) -> impl.BreakableCUDAGraphCapture:
+    def capture(graph: impl.BreakableCUDAGraph) -> impl.BreakableCUDAGraphCapture:
         made = impl.BreakableCUDAGraphCapture(graph)
         for step in impl.CAPTURE_STEPS:
             made.register_hook(step, through(step))
@@ -183,7 +185,7 @@ def test_every_capture_step_runs_its_hooks_with_the_capture_as_owner() -> None:
     x = torch.arange(4, dtype=torch.float32)
     side = device.Stream()
     graph = impl.BreakableCUDAGraph(device)
-    with capture(graph, fail=False):
+    with capture(graph):
         current = device.current_stream()
         side.wait_stream(current)
         with device.stream(side):
@@ -194,7 +196,7 @@ def test_every_capture_step_runs_its_hooks_with_the_capture_as_owner() -> None:
     graph.replay()
     assert out.tolist() == ((x + 1) * 2 + x * 3).tolist()
     failed = impl.BreakableCUDAGraph(device)
-    with pytest.raises(KeyError), capture(failed, fail=True):
+    with pytest.raises(KeyError), capture(failed):
         double(x)
         raise KeyError("model failure")
     assert seen == set(impl.CAPTURE_STEPS), f"steps that never ran their hook: " \

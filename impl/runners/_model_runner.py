@@ -151,8 +151,8 @@ class ModelRunner:
         if not isinstance(config, RunnerConfig):
             raise TypeError(
                 f"{type(model).__name__} has no runner config: give it a runner_config "
-                "attribute (a spec.RunnerConfig) or pass model_config=; for a Hugging Face "
-                "transformers model use impl.from_transformers(model)"
+                "attribute (a spec.RunnerConfig) or pass model_config= (its config attribute, "
+                "such as a transformers PretrainedConfig, is never read)"
             )
         self.model = model
         self.config = config
@@ -177,7 +177,6 @@ class ModelRunner:
             stream=default_capture_stream(device), max_bs=max_running_requests,
             max_context_len=self.max_context_len, max_total_tokens=max_total_tokens,
         )
-        self._eager_runs = 0
         self.decode_runner: Any = None
         self.prefill_runner: Any = None
         if prefill == "breakable":
@@ -232,7 +231,7 @@ class ModelRunner:
         for runner in (self.decode_runner, self.prefill_runner):
             if runner is not None:
                 total = total + runner.stats
-        return ModelRunnerStats(total.captures, total.replays, self._eager_runs)
+        return ModelRunnerStats(total.captures, total.replays, self._target.eager_runs)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits ``[bs, vocab]`` of each request's last token: decode batches to the decode
@@ -253,8 +252,7 @@ class ModelRunner:
         return self.forward_eager(batch) if key is None else runner.run(key, batch)
 
     def forward_eager(self, batch: ForwardBatch) -> torch.Tensor:
-        """Both metadata halves and the whole model, eagerly."""
-        self._eager_runs += 1
+        """Both metadata halves and the whole model, eagerly (counted by the target)."""
         return self._target.forward(batch)
 
     # -- requests and batches ------------------------------------------------------------------

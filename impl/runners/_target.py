@@ -38,6 +38,9 @@ class GraphTarget:
     max_bs: int
     max_context_len: int
     max_total_tokens: int
+    eager_runs: int = 0
+    """Batches :meth:`forward` ran, whoever declined them (the model runner, a gate, the
+    manager): its own counter."""
 
     def init_metadata_out_graph(self, batch: Any) -> None:
         """The host half of attention metadata (never inside a graph)."""
@@ -53,7 +56,8 @@ class GraphTarget:
 
     def forward(self, batch: Any) -> torch.Tensor:
         """The model on ``batch``, eagerly: both metadata halves, then ``model(batch)``, with the
-        batch as the forward context."""
+        batch as the forward context. Counted in :attr:`eager_runs`."""
+        self.eager_runs += 1
         with set_forward_context(batch):
             self.init_metadata(batch)
             return self.model(batch)
