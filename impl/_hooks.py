@@ -35,10 +35,6 @@ class StepHooks:
         # OrderedDicts: a RemovableHandle holds its dict weakly, which a plain dict refuses.
         self._hooks: dict[str, OrderedDict[int, Hook]] = {step: OrderedDict() for step in steps}
 
-    @property
-    def steps(self) -> tuple[str, ...]:
-        return tuple(self._hooks)
-
     def register(self, step: str, hook: Hook) -> RemovableHandle:
         """Wrap ``step`` with ``hook``; :class:`ValueError` naming the steps for an unknown one,
         :class:`TypeError` for a hook that is not callable."""
