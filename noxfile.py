@@ -50,14 +50,15 @@ def _torch_spec() -> list[str]:
 
 @nox.session
 def cpu(session: nox.Session) -> None:
-    """The whole suite on the CPU fake: project tests (benchmarks as smoke runs), the
+    """The whole suite on the CPU fake, with the ``hf`` extra (transformers models under the
+    runners, and ``--model`` on one): project tests (benchmarks as smoke runs), the
     conformance suite with ``--backend=fake`` at every level, the example third-party adapter
     with its known failures (``examples/toy_engine.xfail``), and the correct-but-different
     registry (``examples/engine_registry.py``): core with no known failure, strict with only
     strict tests listed (``examples/engine_registry.xfail``), and the correct-but-different
     breakable graph (``examples/engine_breakable.py``) at every level with only strict tests
     listed (``examples/engine_breakable.xfail``)."""
-    _install(session, "test")
+    _install(session, "test", "hf")
     _pytest(session, "tests", "--benchmark-disable")
     _conformance(session, "--backend=fake")
     _conformance(

@@ -3,7 +3,7 @@
 Usage::
 
     python -m conformance [--backend NAME] [--level core|strict|all] [--report-dir DIR]
-                          [--xfail-file PATH] [-- PYTEST_ARGS]
+                          [--xfail-file PATH] [--model MODULE:FACTORY] [-- PYTEST_ARGS]
 
 ``NAME`` is ``fake`` (the default, or ``$CONFORMANCE_BACKEND``), ``cuda``, or ``module:factory``
 for a third party's adapter. ``--level`` selects the tests: ``core`` (what engines depend on for
@@ -13,6 +13,11 @@ side) goes to ``DIR`` (``reports/`` by default) and a clause summary is printed.
 is pytest's over the selected levels (run in a fresh interpreter): a strict failure does not
 fail ``--level core``. A backend that cannot be loaded is one error line and exit status 2,
 before any test runs.
+
+``--model MODULE:FACTORY`` checks the runner clauses (``RUN-7``, ``RUN-11``, ``RUN-12`` and the
+model contract) on your model instead of the whole suite: ``FACTORY(device, dtype)`` returns a
+runner model, or a transformers causal LM (wrapped with ``impl.from_transformers``), with a
+vocabulary of at least 64. The report's column names the backend and the model.
 """
 
 from __future__ import annotations
@@ -51,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
         "--xfail-file", default=None, metavar="PATH", help="known failures of the backend"
     )
     parser.add_argument(
+        "--model", default=None, metavar="MODULE:FACTORY",
+        help="check the runner clauses on your model: FACTORY(device, dtype) returns it",
+    )
+    parser.add_argument(
         "pytest_args", nargs=argparse.REMAINDER, help="after '--': passed on to pytest"
     )
     return parser
@@ -63,6 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # one line, not a traceback wall
         print(f"conformance: error: --backend {args.backend}: {error}", file=sys.stderr)
         return 2
+    if args.model:
+        from ._user_model import load_model_factory
+
+        try:
+            load_model_factory(args.model)
+        except Exception as error:
+            print(f"conformance: error: --model {args.model}: {error}", file=sys.stderr)
+            return 2
     extra = [a for a in args.pytest_args if a != "--"]
     command = [
         sys.executable, "-m", "pytest",
@@ -73,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         f"--conformance-level={args.level}",
         "-q",
         *([f"--xfail-file={args.xfail_file}"] if args.xfail_file else []),
+        *([f"--model={args.model}"] if args.model else []),
         *extra,
     ]
     # A fresh interpreter: this one already imported the package, which pytest would then

@@ -258,9 +258,12 @@ def _markdown(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summary_lines(backend: str, statuses: Mapping[str, ClauseStatus]) -> list[str]:
+def summary_lines(
+    backend: str, statuses: Mapping[str, ClauseStatus], *, list_untested: bool = True
+) -> list[str]:
     """A short terminal summary: counts per status at each level, then every clause level that
-    neither passed nor is ``n/a`` / ``not run``."""
+    neither passed nor is ``n/a`` / ``not run`` (nor ``untested`` unless ``list_untested``: a
+    run of a few tests, such as ``--model``, leaves most clauses untested by design)."""
     order = ("pass", "fail", "xfail", "xpass", "skip", "untested", "n/a", "not run")
     lines = [f"clauses on backend {backend!r}: {len(statuses)} total"]
     for lv in LEVELS:
@@ -272,7 +275,9 @@ def summary_lines(backend: str, statuses: Mapping[str, ClauseStatus]) -> list[st
     for cid, st in statuses.items():
         for lv in LEVELS:
             level = st.level(lv)
-            if level.status not in ("pass", "n/a", "not run"):
+            quiet = ("pass", "n/a", "not run") if list_untested else (
+                "pass", "n/a", "not run", "untested")
+            if level.status not in quiet:
                 first = level.reasons[0] if level.reasons else f"no {lv} test checking it ran"
                 lines.append(f"  {cid:<8} {lv:<6} {level.status:<8} {first}")
     return lines

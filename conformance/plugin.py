@@ -37,6 +37,8 @@ promises), or ``all`` (both; the default)."""
 LEVEL_CHOICES: Final = ("core", "strict", "all")
 
 _PACKAGE_DIR: Final = Path(__file__).resolve().parent
+_MODEL_TESTS: Final = "test_your_model.py"
+"""The tests ``--model`` runs: the runner clauses on the model it names."""
 
 state_key = pytest.StashKey["ConformanceState"]()
 clauses_key = pytest.StashKey[tuple[str, ...]]()
@@ -63,8 +65,10 @@ class ConformanceState:
         xfail: list[tuple[str, str]],
         report_dir: Path | None = None,
         level: LevelChoice = "all",
+        model: str | None = None,
     ) -> None:
         self.backend_name = backend_name
+        self.model = model
         self.xfail = xfail
         self.report_dir = report_dir
         self.level = level
@@ -85,10 +89,16 @@ class ConformanceState:
             _read_xfail_file(Path(path)) if path else [],
             Path(report_dir) if report_dir else None,
             config.getoption("conformance_level"),
+            config.getoption("conformance_model"),
         )
-        if given:
+        if given or state.model:
             state.activate()
         return state
+
+    @property
+    def label(self) -> str:
+        """The report's column: the backend, and the model checked when ``--model`` names one."""
+        return f"{self.backend_name} + model {self.model}" if self.model else self.backend_name
 
     @property
     def levels(self) -> tuple[str, ...]:
@@ -106,6 +116,13 @@ class ConformanceState:
             self.backend_name = parse_backend_name(self.backend_name)
         except ValueError as error:
             raise pytest.UsageError(f"--backend (or ${ENV_VAR}): {error}") from None
+        if self.model:
+            from ._user_model import parse_model_name
+
+            try:
+                self.model = parse_model_name(self.model)
+            except ValueError as error:
+                raise pytest.UsageError(f"--model: {error}") from None
         self.active = True
 
     def backend(self) -> Backend:
@@ -186,6 +203,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ),
     )
     group.addoption(
+        "--model",
+        dest="conformance_model",
+        default=None,
+        metavar="MODULE:FACTORY",
+        help=(
+            "check the runner clauses (RUN-7, RUN-11, RUN-12, MODEL-*) on your model: "
+            "FACTORY(device, dtype) returns a runner model or a transformers causal LM "
+            "(vocabulary >= 64); only the tests of conformance/test_your_model.py run."
+        ),
+    )
+    group.addoption(
         "--report-dir",
         dest="conformance_report_dir",
         default=None,
@@ -219,7 +247,8 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     state = config.stash.get(state_key, None)
     if state is None or not state.active:
         return None
-    return f"conformance backend: {state.backend_name}, level: {state.level}"
+    model = f", model: {state.model}" if state.model else ""
+    return f"conformance backend: {state.backend_name}, level: {state.level}{model}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,6 +301,20 @@ def runner_api(backend: Backend) -> Any:
     return backend.part_or_skip("runners")
 
 
+@pytest.fixture(scope="session")
+def model_under_test(request: pytest.FixtureRequest, device: Any) -> Any:
+    """The model of ``--model MODULE:FACTORY`` on the backend's device (a transformers model
+    wrapped with ``impl.from_transformers``), else the reference dense model. Built once."""
+    from ._user_model import DEFAULT_MODEL, build_model_under_test, load_model_factory
+
+    name = request.config.stash[state_key].model
+    try:
+        factory = load_model_factory(name)
+    except (ImportError, AttributeError, TypeError, ValueError) as error:
+        raise pytest.UsageError(f"--model {name}: {error}") from None
+    return build_model_under_test(factory, device.device, name or DEFAULT_MODEL)
+
+
 # ---------------------------------------------------------------------------------------------
 # Hooks
 # ---------------------------------------------------------------------------------------------
@@ -309,7 +352,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         in_suite = _in_suite(item)
         level = "strict" if item.get_closest_marker("strict") is not None else "core"
         item.stash[level_key] = level
-        if in_suite and level not in state.levels:
+        if in_suite and (level not in state.levels or (
+                state.model and Path(item.path).name != _MODEL_TESTS)):
             deselected.append(item)
             continue
         selected.append(item)
@@ -455,7 +499,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     from ._report import fold, write_report
 
     state.report_paths = write_report(
-        state.report_dir, state.backend_name, fold(state.results, state.levels)
+        state.report_dir, state.label, fold(state.results, state.levels)
     )
 
 
@@ -468,10 +512,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     counts = Counter(result.outcome for result in state.results)
     terminalreporter.section("conformance")
     terminalreporter.write_line(
-        f"backend {state.backend_name!r}, level {state.level}: {len(state.results)} tests: "
+        f"backend {state.label!r}, level {state.level}: {len(state.results)} tests: "
         + ", ".join(f"{counts[k]} {k}" for k in ("pass", "fail", "skip", "xfail", "xpass"))
     )
-    for line in summary_lines(state.backend_name, fold(state.results, state.levels)):
+    lines = summary_lines(state.label, fold(state.results, state.levels),
+                          list_untested=not state.model)
+    for line in lines:
         terminalreporter.write_line(line)
     if state.report_paths:
         json_path, md_path = state.report_paths

@@ -24,9 +24,12 @@ from .breakable import (
     get_replay_id,
     get_replay_stream,
     is_in_breakable_cuda_graph,
+    is_recording_segment,
 )
 from .cuda import CudaDevice
 from .models import (
+    ATTENTION_FUNCTION,
+    SUPPORTED_MODEL_TYPES,
     AttentionMetadata,
     CausalLM,
     ForwardBatch,
@@ -38,7 +41,9 @@ from .models import (
     ModelConfig,
     ModelKind,
     TorchAttentionBackend,
+    TransformersModel,
     build_model,
+    from_transformers,
     get_forward_context,
     paged_attention,
     set_forward_context,
@@ -80,6 +85,7 @@ from .runners import (
 )
 
 __all__ = [
+    "ATTENTION_FUNCTION",
     "AttentionBackendFactory",
     "AttentionMetadata",
     "Axis",
@@ -120,7 +126,9 @@ __all__ = [
     "ReplayProfile",
     "Request",
     "RunnerStats",
+    "SUPPORTED_MODEL_TYPES",
     "TorchAttentionBackend",
+    "TransformersModel",
     "break_graph",
     "build_decode_registry",
     "build_model",
@@ -133,11 +141,13 @@ __all__ = [
     "default_prefill_sizes",
     "eager_on_graph",
     "enable_breakable_cuda_graph",
+    "from_transformers",
     "get_device",
     "get_forward_context",
     "get_replay_id",
     "get_replay_stream",
     "is_in_breakable_cuda_graph",
+    "is_recording_segment",
     "paged_attention",
     "resolve_layer_stack",
     "set_forward_context",

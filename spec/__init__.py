@@ -32,6 +32,7 @@ from .contracts import (
 )
 from .devices import device_names, get_device, register_device
 from .errors import (
+    AttentionInSegment,
     CaptureError,
     CaptureInvalidated,
     DefaultStreamCapture,
@@ -66,6 +67,7 @@ from .registry_oracle import OracleContext, OracleSlot, RegistryOracle
 from .runner_config import LAYER_TYPES, LayerType, RunnerConfig
 
 __all__ = [
+    "AttentionInSegment",
     "BreakableAPI",
     "CLAUSES",
     "CaptureError",

@@ -32,10 +32,13 @@ define(
             fits gives the eager next-token logits of every request."""),
         ("RUN-8", """Before a breakable prefill replay both metadata halves run on the live,
             unpadded batch, before any captured op or forked side stream reads the metadata."""),
-        ("RUN-9", """A model without get_layer_stack() gives correct results through the prefill
-            runner: served as a breakable graph when its usual attributes (language_model,
-            model) lead to a module with layers called as the layer stack of MODEL-3, else
-            every batch runs eagerly (never a crash).""",
+        ("RUN-9", """A RunnerModel (MODEL-1) without get_layer_stack() gives correct results
+            through the prefill runner: when its usual attributes (language_model, model) lead
+            to a module with layers, that module is captured as the layer stack of MODEL-3 and
+            must take that call (a model whose inner module does not provides
+            get_layer_stack()); when they lead nowhere, every batch runs eagerly (never a
+            crash). A model without a runner config, such as a bare transformers model, is
+            refused before any of this (MODEL-1).""",
          """Both cases log a warning; the resolved model is captured once per size, the
             unresolved one not at all and never replayed."""),
         ("RUN-10", """The dispatcher pads to the smallest captured size >= n and picks FULL with

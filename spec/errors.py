@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AttentionInSegment",
     "CaptureError",
     "CaptureInvalidated",
     "DefaultStreamCapture",
@@ -187,6 +188,38 @@ class UnsupportedInCapture(CaptureError):
 # ---------------------------------------------------------------------------------------------
 # Replay family
 # ---------------------------------------------------------------------------------------------
+
+
+class AttentionInSegment(CaptureError):
+    """Batch-dependent attention ran inside a segment of a breakable capture, outside any break.
+
+    A segment replays what it recorded: extend attention (its per-request loop bounds, offsets
+    and lengths) or any read of host-side per-request metadata made while a segment records
+    would be frozen with the capture's placeholder batch, and every later replay would attend
+    as if the step held that one request: wrong results for any batch of two or more requests,
+    with nothing else raised (``MODEL-4``). ``layer_id`` names the layer (``None`` when the read
+    was of metadata, not a layer's attention), ``what`` what ran.
+
+    Fix: call :func:`impl.paged_attention` (it records the KV write in the segment and attends
+    in an ``eager_on_graph`` break with ``save_kv_cache=False``), or put the attention call in
+    a function decorated with ``@impl.eager_on_graph()``.
+    """
+
+    clause = "MODEL-4"
+
+    def __init__(
+        self, what: str = "", layer_id: int | None = None, *, detail: str | None = None
+    ) -> None:
+        self.what = what
+        self.layer_id = layer_id
+        where = f" in layer {layer_id}" if layer_id is not None else ""
+        super().__init__(
+            f"{what or 'batch-dependent attention'}{where} ran inside a breakable graph segment, "
+            "outside any break: replay would attend with the capture's placeholder batch. Call "
+            "impl.paged_attention (KV write in the segment, attention as an eager_on_graph "
+            "break), or decorate the attention call with @impl.eager_on_graph()",
+            detail=detail,
+        )
 
 
 class GraphNotEmpty(CaptureError, GraphStateError):

@@ -49,3 +49,22 @@ def test_the_contract_example_runs_under_every_runner() -> None:
     assert all(runner.stats.replays for runner in manager.runners), [
         runner.stats for runner in manager.runners
     ]
+
+
+def _block_using(marker: str) -> str:
+    for block in re.findall(r"```python\n(.*?)```", README.read_text(), re.S):
+        if marker in block:
+            return block
+    raise AssertionError(f"README has no python block using {marker}")
+
+
+def test_the_bring_your_own_model_example_runs() -> None:
+    """The "Bring your own model" block runs as printed: a transformers Llama's greedy tokens
+    through decode graphs and breakable prefill equal transformers' own, and graphs replayed."""
+    import pytest
+
+    pytest.importorskip("transformers")
+    namespace: dict[str, Any] = {"__name__": "readme_hf_example"}
+    exec(compile(_block_using("impl.from_transformers(hf)"), str(README), "exec"), namespace)
+    stats = namespace["runner"].stats
+    assert stats.captures > 0 and stats.graph_replays > 0, stats

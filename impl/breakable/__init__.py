@@ -3,7 +3,12 @@ capture context manager, and the markers model code uses (``eager_on_graph``, ``
 
 from ._breakable_capture import CAPTURE_STEPS, BreakableCUDAGraphCapture, default_capture_stream
 from ._breakable_graph import BreakableCUDAGraph
-from ._breakable_state import get_replay_id, get_replay_stream, is_in_breakable_cuda_graph
+from ._breakable_state import (
+    get_replay_id,
+    get_replay_stream,
+    is_in_breakable_cuda_graph,
+    is_recording_segment,
+)
 from ._eager_on_graph import break_graph, eager_on_graph, enable_breakable_cuda_graph
 from ._graph_break import GraphBreak, copy_into
 from ._profile import BreakTiming, ReplayProfile
@@ -23,4 +28,5 @@ __all__ = [
     "get_replay_id",
     "get_replay_stream",
     "is_in_breakable_cuda_graph",
+    "is_recording_segment",
 ]

@@ -14,7 +14,9 @@ from spec import DeviceModule, StreamLike
 if TYPE_CHECKING:
     from ._breakable_capture import BreakableCUDAGraphCapture
 
-__all__ = ["get_replay_id", "get_replay_stream", "is_in_breakable_cuda_graph"]
+__all__ = [
+    "get_replay_id", "get_replay_stream", "is_in_breakable_cuda_graph", "is_recording_segment",
+]
 
 ACTIVE_CAPTURE: ContextVar[BreakableCUDAGraphCapture | None] = ContextVar(
     "impl_breakable_capture", default=None
@@ -36,6 +38,14 @@ def is_in_breakable_cuda_graph() -> bool:
     breakable capture, which enables it). Model code checks this to route attention through its
     ``eager_on_graph`` variant (``BCG-11``)."""
     return ENABLED.get()
+
+
+def is_recording_segment() -> bool:
+    """Whether work issued now is recorded into a segment of a breakable capture in this
+    context: a capture is in progress and no break body is running. What runs here is replayed
+    as recorded, with the capture's batch; batch-dependent work (extend attention, anything that
+    reads host-side per-request metadata) belongs in an ``eager_on_graph`` break instead."""
+    return ACTIVE_CAPTURE.get() is not None and not IN_BREAK_BODY.get()
 
 
 def get_replay_stream() -> StreamLike | None:

@@ -7,8 +7,15 @@ from ._context import ForwardContext, get_forward_context, set_forward_context
 from ._kv_cache import HybridSWAKVCache, KVCache
 from ._layers import paged_attention
 from ._model import CausalLM, LayerStack, ModelConfig, ModelKind, build_model
+from ._transformers import (
+    ATTENTION_FUNCTION,
+    SUPPORTED_MODEL_TYPES,
+    TransformersModel,
+    from_transformers,
+)
 
 __all__ = [
+    "ATTENTION_FUNCTION",
     "AttentionMetadata",
     "CausalLM",
     "ForwardBatch",
@@ -19,8 +26,11 @@ __all__ = [
     "LayerStack",
     "ModelConfig",
     "ModelKind",
+    "SUPPORTED_MODEL_TYPES",
     "TorchAttentionBackend",
+    "TransformersModel",
     "build_model",
+    "from_transformers",
     "get_forward_context",
     "paged_attention",
     "set_forward_context",

@@ -22,8 +22,9 @@ from typing import Any, Literal
 
 import torch
 
-from spec import MetadataNotUpgraded
+from spec import AttentionInSegment, MetadataNotUpgraded
 
+from ..breakable import is_recording_segment
 from ._batch import ForwardBatch, ForwardMode
 from ._kv_cache import KVCache
 
@@ -32,6 +33,12 @@ __all__ = ["AttentionMetadata", "ExtendAttention", "TorchAttentionBackend"]
 _FULL_FIELDS = frozenset(
     ("kv_indices", "kv_valid", "swa_kv_indices", "swa_valid", "compress_weight")
 )
+_HOST_FIELDS = frozenset((
+    "seq_lens", "extend_seq_lens", "extend_prefix_lens", "extend_start_loc", "cu_seqlens_q",
+    "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "extend_kv_gather",
+))
+"""Per-request fields of extend metadata, rebuilt on the host every step: a read of one while a
+breakable segment records would freeze the capture's values (``MODEL-4``)."""
 
 ExtendAttention = Literal["auto", "flash", "torch"]
 """How extend (prefill) attention runs: ``"flash"``, one varlen FlashAttention call per layer
@@ -70,6 +77,10 @@ class AttentionMetadata:
 
     :meth:`extend_key_locs` derives, from the full fields, the slot of every key of every
     request packed in request order (what varlen attention reads), once per step and pool.
+
+    The per-request fields of extend metadata are rebuilt every step, so they belong to break
+    code: reading one while a breakable segment records (:func:`impl.is_recording_segment`)
+    raises :class:`spec.AttentionInSegment` naming the field.
     """
 
     def __init__(
@@ -86,16 +97,20 @@ class AttentionMetadata:
         self.forward_mode = forward_mode
         self.batch_size = batch_size
         self.num_tokens = num_tokens
-        self.seq_lens = seq_lens
-        self.extend_seq_lens = extend_seq_lens
-        self.extend_prefix_lens = extend_prefix_lens
-        self.extend_start_loc = extend_start_loc
-        self.cu_seqlens_q: torch.Tensor | None = None
-        self.cu_seqlens_k: torch.Tensor | None = None
-        self.extend_kv_gather: torch.Tensor | None = None
-        self.max_seqlen_q = self.max_seqlen_k = 0
         self._full: dict[str, Any] | None = None
         self._key_locs: dict[bool, torch.Tensor] = {}
+        self._host: dict[str, Any] = {
+            "seq_lens": seq_lens, "extend_seq_lens": extend_seq_lens,
+            "extend_prefix_lens": extend_prefix_lens, "extend_start_loc": extend_start_loc,
+            "cu_seqlens_q": None, "cu_seqlens_k": None, "extend_kv_gather": None,
+            "max_seqlen_q": 0, "max_seqlen_k": 0,
+        }
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _HOST_FIELDS:
+            self._host[name] = value
+        else:
+            object.__setattr__(self, name, value)
 
     @property
     def is_full(self) -> bool:
@@ -129,6 +144,10 @@ class AttentionMetadata:
         return locs
 
     def __getattr__(self, name: str) -> Any:
+        if name in _HOST_FIELDS:
+            if self.forward_mode.is_extend() and is_recording_segment():
+                raise AttentionInSegment(f"a read of AttentionMetadata.{name}")
+            return self.__dict__["_host"][name]
         if name in _FULL_FIELDS:
             full = self.__dict__.get("_full")
             if full is None:
@@ -192,11 +211,10 @@ class TorchAttentionBackend:
         self.sliding_window = sliding_window
         self.compressor = compressor
         self.extend_attention: ExtendAttention = extend_attention
-        for name, value in (("scale", scale), ("logit_softcap", logit_softcap)):
-            if value is not None and (isinstance(value, bool) or not value > 0):
-                raise ValueError(f"{name} must be a positive number or None, got {value!r}")
-        self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
-        self.logit_softcap = float(logit_softcap) if logit_softcap is not None else None
+        self.scale = _positive("scale", scale) if scale is not None else 1.0 / math.sqrt(head_dim)
+        self.logit_softcap = (
+            _positive("logit_softcap", logit_softcap) if logit_softcap is not None else None
+        )
         self.forward_metadata: AttentionMetadata | None = None
         device, ctx = kv_cache.device, kv_cache.max_context_len
         self.has_swa = any(kv_cache.is_swa_layer(i) for i in range(len(kv_cache.layer_types)))
@@ -297,42 +315,55 @@ class TorchAttentionBackend:
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-        batch: ForwardBatch, *, save_kv_cache: bool = True,
+        batch: ForwardBatch, *, save_kv_cache: bool = True, scale: float | None = None,
+        logit_softcap: float | None = None,
     ) -> torch.Tensor:
         """Write this step's ``k``/``v`` into the cache (unless ``save_kv_cache`` is false:
         the caller wrote them) and attend: ``q`` ``[T, heads, d]``, ``k``/``v``
-        ``[T, kv_heads, d]``; returns ``[T, heads * d]``.
+        ``[T, kv_heads, d]``; returns ``[T, heads * d]``. ``scale`` and ``logit_softcap``
+        override the backend's for this call (a model whose layers differ).
 
         When ``q`` has more rows than the batch has tokens (a padded graph calling an eager
         break with the live batch), only the first ``batch.num_tokens`` rows are computed; the
         others are zero.
+
+        Extend attention is batch-dependent: called while a breakable segment records it
+        raises :class:`spec.AttentionInSegment` naming the layer (``MODEL-4``).
         """
         tokens = batch.num_tokens
         if q.shape[0] != tokens:
             out = q.new_zeros(q.shape[0], self.num_heads * self.head_dim)
             out[:tokens] = self.forward(
-                q[:tokens], k[:tokens], v[:tokens], layer_id, batch, save_kv_cache=save_kv_cache
+                q[:tokens], k[:tokens], v[:tokens], layer_id, batch, save_kv_cache=save_kv_cache,
+                scale=scale, logit_softcap=logit_softcap,
             )
             return out
+        if batch.forward_mode.is_extend() and is_recording_segment():
+            raise AttentionInSegment("extend attention", layer_id)
+        scale = self.scale if scale is None else _positive("scale", scale)
+        cap = self.logit_softcap if logit_softcap is None else _positive(
+            "logit_softcap", logit_softcap
+        )
         if save_kv_cache:
             self.kv_cache.set_kv_buffer(layer_id, batch.out_cache_loc, k, v)
         if batch.forward_mode.is_decode():
-            return self._decode(q, layer_id)
-        return self._extend(q, k, v, layer_id)
+            return self._decode(q, layer_id, scale, cap)
+        return self._extend(q, k, v, layer_id, scale, cap)
 
     def _keys(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
         k_buf, v_buf = self.kv_cache.get_kv_buffer(layer_id)
         return k_buf, v_buf, self.kv_cache.is_swa_layer(layer_id)
 
     def _attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor,
+        scale: float, cap: float | None,
     ) -> torch.Tensor:
         """One query per row: ``q`` ``[B, H, d]``, ``k``/``v`` ``[B, L, KV, d]``, ``valid``
         ``[B, L]``."""
         b = k.shape[0]
         group = self.num_heads // self.num_kv_heads
         qg = q.reshape(b, self.num_kv_heads, group, self.head_dim).float()
-        scores = self._capped(torch.einsum("bkgd,blkd->bkgl", qg, k.float()) * self.scale)
+        scores = _capped(torch.einsum("bkgd,blkd->bkgl", qg, k.float()) * scale, cap)
         scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         # Masked keys may hold anything (the dummy slot holds padded rows' writes, NaN on the
@@ -341,12 +372,9 @@ class TorchAttentionBackend:
         out = torch.einsum("bkgl,blkd->bkgd", probs, values)
         return out.reshape(b, self.num_heads * self.head_dim).to(q.dtype)
 
-    def _capped(self, scores: torch.Tensor) -> torch.Tensor:
-        """``c * tanh(scores / c)`` with the logit softcap ``c`` (Gemma 2), else ``scores``."""
-        cap = self.logit_softcap
-        return scores if cap is None else torch.tanh(scores / cap) * cap
-
-    def _decode(self, q: torch.Tensor, layer_id: int) -> torch.Tensor:
+    def _decode(
+        self, q: torch.Tensor, layer_id: int, scale: float, cap: float | None
+    ) -> torch.Tensor:
         meta = self._require_metadata()
         k_buf, v_buf, swa = self._keys(layer_id)
         indices = meta.swa_kv_indices if swa else meta.kv_indices
@@ -355,10 +383,10 @@ class TorchAttentionBackend:
         flat = indices.reshape(-1)
         k = k_buf.index_select(0, flat).view(bs, length, self.num_kv_heads, self.head_dim)
         v = v_buf.index_select(0, flat).view(bs, length, self.num_kv_heads, self.head_dim)
-        return self._attend(q, k, v, valid)
+        return self._attend(q, k, v, valid, scale, cap)
 
-    def _flash_applies(self, q: torch.Tensor, swa: bool) -> bool:
-        if self.extend_attention == "torch" or self.logit_softcap is not None:
+    def _flash_applies(self, q: torch.Tensor, swa: bool, cap: float | None) -> bool:
+        if self.extend_attention == "torch" or cap is not None:
             return False
         found = _flash_varlen()
         applies = (
@@ -378,14 +406,15 @@ class TorchAttentionBackend:
         return applies
 
     def _extend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, scale: float,
+        cap: float | None,
     ) -> torch.Tensor:
-        if self._flash_applies(q, self.kv_cache.is_swa_layer(layer_id)):
-            return self._extend_flash(q, k, v, layer_id)
-        return self._extend_torch(q, layer_id)
+        if self._flash_applies(q, self.kv_cache.is_swa_layer(layer_id), cap):
+            return self._extend_flash(q, k, v, layer_id, scale)
+        return self._extend_torch(q, layer_id, scale, cap)
 
     def _extend_flash(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, scale: float
     ) -> torch.Tensor:
         """All requests in one varlen call: with a cached prefix, keys gathered from the cache
         once per layer in request order (else this step's ``k``/``v``); causal masking aligned
@@ -407,11 +436,13 @@ class TorchAttentionBackend:
             window = {"window_size_left": self.sliding_window - 1, "window_size_right": 0}
         out = op(
             q, k, v, meta.cu_seqlens_q, meta.cu_seqlens_k, meta.max_seqlen_q, meta.max_seqlen_k,
-            0.0, True, False, scale=self.scale, **window,
+            0.0, True, False, scale=scale, **window,
         )[0]
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)
 
-    def _extend_torch(self, q: torch.Tensor, layer_id: int) -> torch.Tensor:
+    def _extend_torch(
+        self, q: torch.Tensor, layer_id: int, scale: float, cap: float | None
+    ) -> torch.Tensor:
         meta = self._require_metadata()
         k_buf, v_buf, swa = self._keys(layer_id)
         kv_indices = meta.kv_indices
@@ -430,13 +461,14 @@ class TorchAttentionBackend:
             if swa:
                 valid = valid & (key_pos > query_pos - self.sliding_window)
             qi = q[start:start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, d]
-            outputs.append(self._attend_extend(qi, k, v, valid))
+            outputs.append(self._attend_extend(qi, k, v, valid, scale, cap))
         if not outputs:
             return q.new_zeros(0, self.num_heads * self.head_dim)
         return torch.cat(outputs, dim=0)
 
     def _attend_extend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor,
+        scale: float, cap: float | None,
     ) -> torch.Tensor:
         """``q`` ``[1, H, n, d]``, ``k``/``v`` ``[1, L, KV, d]``, ``valid`` ``[n, L]``."""
         n = valid.shape[0]
@@ -444,10 +476,20 @@ class TorchAttentionBackend:
         qg = q.reshape(self.num_kv_heads, group, n, self.head_dim).float()
         kk = k[0].float().transpose(0, 1)  # [KV, L, d]
         vv = v[0].float().transpose(0, 1)
-        scores = self._capped(torch.einsum("kgnd,kld->kgnl", qg, kk) * self.scale)
+        scores = _capped(torch.einsum("kgnd,kld->kgnl", qg, kk) * scale, cap)
         scores = scores.masked_fill(~valid, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         vv = torch.where(valid.any(0)[None, :, None], vv, 0.0)
         out = torch.einsum("kgnl,kld->nkgd", probs, vv)
         return out.reshape(n, self.num_heads * self.head_dim).to(q.dtype)
 
+
+def _positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a positive number or None, got {value!r}")
+    return float(value)
+
+
+def _capped(scores: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """``c * tanh(scores / c)`` with the logit softcap ``c`` (Gemma 2), else ``scores``."""
+    return scores if cap is None else torch.tanh(scores / cap) * cap

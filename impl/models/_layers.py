@@ -77,38 +77,49 @@ class Rotary(nn.Module):
 
 @eager_on_graph()
 def attention_break(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+    overrides: dict[str, float],
 ) -> torch.Tensor:
     """Attention as a graph break: at replay it reads the live batch from the forward context,
     so it serves however many requests and real tokens the step has. The cache write is not
-    part of it: the segment before it records that (see :class:`AttentionMixer`)."""
+    part of it: the segment before it records that (see :func:`paged_attention`)."""
     batch = get_forward_context().batch
-    return batch.attn_backend.forward(q, k, v, layer_id, batch, save_kv_cache=False)
+    return batch.attn_backend.forward(q, k, v, layer_id, batch, save_kv_cache=False, **overrides)
 
 
 def paged_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, *,
+    scale: float | None = None, softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention of this step's tokens over the paged KV cache, right in every mode: ``q``
     ``[T, heads, d]``, ``k``/``v`` ``[T, kv_heads, d]``; returns ``[T, heads * d]``. What a
-    user's model calls where its attention goes (``MODEL-2``).
+    user's model calls where its attention goes (``MODEL-4``).
 
     Reads the batch from the forward context (:func:`impl.get_forward_context`) and attends
-    through its ``attn_backend`` with the backend's scale, logit softcap and sliding window.
+    through its ``attn_backend``: causal, over layer ``layer_id``'s keys (within the sliding
+    window when the KV cache holds that layer as a sliding-window layer), with ``scale`` (default
+    the backend's, ``1 / sqrt(d)`` unless the runner config says otherwise) and the logit
+    ``softcap`` ``c * tanh(scores / c)`` (default the backend's, none unless configured).
 
     - Eagerly and inside a full (decode) graph: the backend writes ``k``/``v`` at
       ``out_cache_loc`` and attends, all recordable for static-shape decode steps.
     - Inside a breakable capture (:func:`impl.is_in_breakable_cuda_graph`): the cache write is
       recorded in the segment (static shapes, the captured batch's locations) and attention
       runs as an ``eager_on_graph`` break with ``save_kv_cache=False``, reading the *live*
-      batch at every replay. Batch-dependent attention recorded inside a segment instead would
-      freeze the placeholder batch's per-request metadata into the graph.
+      batch at every replay. Extend attention called straight from a segment instead raises
+      :class:`spec.AttentionInSegment` (it would freeze the placeholder batch's per-request
+      metadata into the graph).
     """
+    overrides = {}
+    if scale is not None:
+        overrides["scale"] = scale
+    if softcap is not None:
+        overrides["logit_softcap"] = softcap
     batch = get_forward_context().batch
     if is_in_breakable_cuda_graph():
         batch.attn_backend.kv_cache.set_kv_buffer(layer_id, batch.out_cache_loc, k, v)
-        return attention_break(q, k, v, layer_id)
-    return batch.attn_backend.forward(q, k, v, layer_id, batch)
+        return attention_break(q, k, v, layer_id, overrides)
+    return batch.attn_backend.forward(q, k, v, layer_id, batch, **overrides)
 
 
 class AttentionMixer(nn.Module):

@@ -71,7 +71,13 @@ class LayerStack(nn.Module):
     [T, H] | None) -> hidden [T, H]`` (``MODEL-3``, :class:`spec.LayerStackLike`).
 
     Token-major throughout: what the stack launches depends on the token count only. Only a
-    draft stack reads ``hidden_states`` (the target's); the others ignore it."""
+    draft stack reads ``hidden_states`` (the target's); the others ignore it.
+
+    A model's ``get_layer_stack()`` returns this. A runner model without that method has the
+    module its ``language_model``/``model`` attributes lead to captured in this role (``RUN-9``),
+    so that module must take this call; one whose inner module does not (a transformers
+    decoder takes ``(input_ids, attention_mask, ...)``) provides ``get_layer_stack()``, as
+    :func:`impl.from_transformers` does."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

@@ -150,9 +150,10 @@ class ModelRunner:
         )
         if not isinstance(config, RunnerConfig):
             raise TypeError(
-                f"{type(model).__name__} has no runner config: give it a runner_config "
-                "attribute (a spec.RunnerConfig) or pass model_config= (its config attribute, "
-                "such as a transformers PretrainedConfig, is never read)"
+                f"{type(model).__name__} has no runner config: wrap a transformers model with "
+                "impl.from_transformers(model); give any other model a runner_config attribute "
+                "(a spec.RunnerConfig) or pass model_config= (a config attribute, such as a "
+                "transformers PretrainedConfig, is never read)"
             )
         self.model = model
         self.config = config

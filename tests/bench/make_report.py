@@ -3,12 +3,12 @@
 ``python -m tests.bench.make_report [DIR]`` (default ``reports``; ``nox -s bench`` runs it) reads
 what the benchmarks wrote there (``bench_runners.json``, ``breakable_overhead.json``,
 ``break_copies.json``, ``bench_registry_cuda.json``, ``bench_capture.json``, ``bench_fake.json``,
-``nox_cpu.json``), and writes ``DIR/bench.md``: one table per benchmark with its target, the
-measured figure and whether it meets the target, headed by the GPU, torch and CUDA versions and
-the date of the run. With matplotlib installed it also writes ``prefill_latency.png`` (latency
-against token count: eager, breakable, full graph, torch.compile) and
-``segment_overhead.png`` (the library's cost per segment against the number of segments). A
-missing file leaves its section out.
+``nox_cpu.json``, ``bench_transformers.json``), and writes ``DIR/bench.md``: one table per
+benchmark with its target, the measured figure and whether it meets the target, headed by the
+GPU, torch and CUDA versions and the date of the run. With matplotlib installed it also writes
+``prefill_latency.png`` (latency against token count: eager, breakable, full graph,
+torch.compile) and ``segment_overhead.png`` (the library's cost per segment against the number
+of segments). A missing file leaves its section out.
 """
 
 from __future__ import annotations
@@ -147,6 +147,28 @@ def _fake(data: dict[str, Any] | None, nox_cpu: dict[str, Any] | None) -> list[s
     return out
 
 
+def _transformers(data: dict[str, Any]) -> list[str]:
+    out = ["## 7. A transformers Llama (`impl.from_transformers`) beside the reference model", "",
+           f"Same shape, bf16, transformers {data.get('transformers', '?')}. Ratios within each "
+           "model; no parity is claimed between the two (their kernels differ).", ""]
+    models = data["models"]
+    rows = [[name, *(f"{r['eager_over_graph']:.2f}x" for r in m["decode"]["results"])]
+            for name, m in models.items()]
+    sizes = [f"bs {r['batch_size']}" for r in next(iter(models.values()))["decode"]["results"]]
+    out += ["Decode, eager / graph:", "", *_table(["model", *sizes], rows)]
+    rows = [[name, *(f"{r['eager_over_breakable']:.2f}x" for r in m["prefill"]["results"])]
+            for name, m in models.items()]
+    tokens = [f"{r['tokens']} tokens" for r in next(iter(models.values()))["prefill"]["results"]]
+    out += ["Prefill (one request), eager / breakable:", "", *_table(["model", *tokens], rows)]
+    ratios = data.get("transformers_over_reference")
+    if ratios:
+        out += ["transformers / reference step time: decode graph "
+                + ", ".join(f"{x:.2f}" for x in ratios["decode_graph"])
+                + "; breakable prefill " + ", ".join(f"{x:.2f}" for x in ratios[
+                    "prefill_breakable"]) + ".", ""]
+    return out
+
+
 def _plots(folder: Path, runners: dict[str, Any] | None, overhead: dict[str, Any] | None,
            ) -> list[str]:
     try:
@@ -209,6 +231,7 @@ def make_report(folder: Path) -> Path:
     registry = _load(folder, "bench_registry_cuda.json")
     capture = _load(folder, "bench_capture.json")
     fake, nox_cpu = _load(folder, "bench_fake.json"), _load(folder, "nox_cpu.json")
+    transformers = _load(folder, "bench_transformers.json")
     head = next((d for d in (capture, overhead, runners) if d), {})
     lines = ["# Benchmarks", "",
              f"GPU: {head.get('device', 'none')}; torch {head.get('torch', '?')}, CUDA "
@@ -226,6 +249,8 @@ def make_report(folder: Path) -> Path:
         lines += _capture(capture)
     if fake or nox_cpu:
         lines += _fake(fake, nox_cpu)
+    if transformers:
+        lines += _transformers(transformers)
     for plot in _plots(folder, runners, overhead):
         lines += [f"![{plot}]({plot})", ""]
     path = folder / "bench.md"

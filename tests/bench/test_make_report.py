@@ -53,11 +53,16 @@ def test_report_has_every_section_and_marks_what_falls_short(tmp_path: Path) -> 
                                           "recorded_ops": 279, "capture_ops_per_s": 1e4,
                                           "replay_ops_per_s": 8e4})
     _write(tmp_path, "nox_cpu.json", {"seconds": 420.0, "cpus": 2})
+    model = {"decode": {"results": [{"batch_size": 1, "eager_over_graph": 9.0}]},
+             "prefill": {"results": [{"tokens": 16, "eager_over_breakable": 4.0}]}}
+    _write(tmp_path, "bench_transformers.json", {
+        "transformers": "5.17.0", "models": {"reference": model, "transformers": model},
+        "transformers_over_reference": {"decode_graph": [1.5], "prefill_breakable": [2.25]}})
 
     text = make_report(tmp_path).read_text()
 
     assert "Test GPU" in text and "torch 2.11.0" in text and "CUDA 13.0" in text
-    for heading in ("## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6."):
+    for heading in ("## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6.", "## 7."):
         assert heading in text, heading
     lines = text.splitlines()
 
@@ -77,6 +82,7 @@ def test_report_has_every_section_and_marks_what_falls_short(tmp_path: Path) -> 
     assert row("| 2 |").endswith("| pass |")  # pool ladder 1.1x
     assert "ladder 30.0 MiB, largest alone 10.0 MiB; ladder / largest counting both: 1.273" in text
     assert "`nox -s cpu`, wall time on 2 cores: 7.0 min (target under 10): pass" in text
+    assert row("| transformers | 9.00x |") and "decode graph 1.50; breakable prefill 2.25" in text
 
 
 def test_report_without_results_says_so(tmp_path: Path) -> None:
