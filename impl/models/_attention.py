@@ -33,12 +33,27 @@ __all__ = ["AttentionMetadata", "ExtendAttention", "TorchAttentionBackend"]
 _FULL_FIELDS = frozenset(
     ("kv_indices", "kv_valid", "swa_kv_indices", "swa_valid", "compress_weight")
 )
-_HOST_FIELDS = frozenset((
-    "seq_lens", "extend_seq_lens", "extend_prefix_lens", "extend_start_loc", "cu_seqlens_q",
-    "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "extend_kv_gather",
-))
-"""Per-request fields of extend metadata, rebuilt on the host every step: a read of one while a
-breakable segment records would freeze the capture's values (``MODEL-4``)."""
+
+
+class _HostField:
+    """A per-request field of extend metadata, rebuilt on the host every step: reading it while
+    a breakable segment records would freeze the capture's value (``MODEL-4``), so that read
+    raises :class:`spec.AttentionInSegment` naming the field. A data descriptor, not
+    ``__getattr__``: attention reads these per layer, so the check must stay cheap."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.key = name, f"_host_{name}"
+
+    def __get__(self, meta: Any, owner: type | None = None) -> Any:
+        if meta is None:
+            return self
+        if is_recording_segment() and meta.forward_mode.is_extend():
+            raise AttentionInSegment(f"a read of AttentionMetadata.{self.name}")
+        return meta.__dict__[self.key]
+
+    def __set__(self, meta: Any, value: Any) -> None:
+        meta.__dict__[self.key] = value
+
 
 ExtendAttention = Literal["auto", "flash", "torch"]
 """How extend (prefill) attention runs: ``"flash"``, one varlen FlashAttention call per layer
@@ -99,18 +114,12 @@ class AttentionMetadata:
         self.num_tokens = num_tokens
         self._full: dict[str, Any] | None = None
         self._key_locs: dict[bool, torch.Tensor] = {}
-        self._host: dict[str, Any] = {
-            "seq_lens": seq_lens, "extend_seq_lens": extend_seq_lens,
-            "extend_prefix_lens": extend_prefix_lens, "extend_start_loc": extend_start_loc,
-            "cu_seqlens_q": None, "cu_seqlens_k": None, "extend_kv_gather": None,
-            "max_seqlen_q": 0, "max_seqlen_k": 0,
-        }
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _HOST_FIELDS:
-            self._host[name] = value
-        else:
-            object.__setattr__(self, name, value)
+        self.seq_lens = seq_lens
+        self.extend_seq_lens = extend_seq_lens
+        self.extend_prefix_lens = extend_prefix_lens
+        self.extend_start_loc = extend_start_loc
+        self.cu_seqlens_q = self.cu_seqlens_k = self.extend_kv_gather = None
+        self.max_seqlen_q = self.max_seqlen_k = 0
 
     @property
     def is_full(self) -> bool:
@@ -143,11 +152,17 @@ class AttentionMetadata:
             self._key_locs[swa] = locs
         return locs
 
+    seq_lens = _HostField()
+    extend_seq_lens = _HostField()
+    extend_prefix_lens = _HostField()
+    extend_start_loc = _HostField()
+    cu_seqlens_q = _HostField()
+    cu_seqlens_k = _HostField()
+    max_seqlen_q = _HostField()
+    max_seqlen_k = _HostField()
+    extend_kv_gather = _HostField()
+
     def __getattr__(self, name: str) -> Any:
-        if name in _HOST_FIELDS:
-            if self.forward_mode.is_extend() and is_recording_segment():
-                raise AttentionInSegment(f"a read of AttentionMetadata.{name}")
-            return self.__dict__["_host"][name]
         if name in _FULL_FIELDS:
             full = self.__dict__.get("_full")
             if full is None:
