@@ -3,7 +3,8 @@
 Usage::
 
     python -m conformance [--backend NAME] [--level core|strict|all] [--report-dir DIR]
-                          [--xfail-file PATH] [--model MODULE:FACTORY] [-- PYTEST_ARGS]
+                          [--xfail-file PATH] [--model MODULE:FACTORY]
+                          [--sanitize off|captures|replays|all] [-- PYTEST_ARGS]
 
 ``NAME`` is ``fake`` (the default, or ``$CONFORMANCE_BACKEND``), ``cuda``, or ``module:factory``
 for a third party's adapter. ``--level`` selects the tests: ``core`` (what engines depend on for
@@ -18,6 +19,9 @@ before any test runs.
 model contract) on your model instead of the whole suite: ``FACTORY(device, dtype)`` returns a
 runner model, or a transformers causal LM (wrapped with ``impl.from_transformers``), with a
 vocabulary of at least 64. The report's column names the backend and the model.
+
+``--sanitize LEVEL`` runs the runner scenarios' graph runners with ``impl``'s sanitizer
+(``SAN-*``): with ``--model``, a baked host value in your model is named where it was read.
 """
 
 from __future__ import annotations
@@ -60,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
         help="check the runner clauses on your model: FACTORY(device, dtype) returns it",
     )
     parser.add_argument(
+        "--sanitize", default="off", choices=("off", "captures", "replays", "all"),
+        help="the runner scenarios' graph runners run with impl's sanitizer at this level",
+    )
+    parser.add_argument(
         "pytest_args", nargs=argparse.REMAINDER, help="after '--': passed on to pytest"
     )
     return parser
@@ -91,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         "-q",
         *([f"--xfail-file={args.xfail_file}"] if args.xfail_file else []),
         *([f"--model={args.model}"] if args.model else []),
+        *([f"--sanitize={args.sanitize}"] if args.sanitize != "off" else []),
         *extra,
     ]
     # A fresh interpreter: this one already imported the package, which pytest would then

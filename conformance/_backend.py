@@ -40,6 +40,7 @@ Capability = Literal[
     "launch_structure",
     "stream_order",
     "scratch_tracking",
+    "recorded_programs",
 ]
 """What a backend can show, beyond the protocol every backend keeps:
 
@@ -71,6 +72,11 @@ Capability = Literal[
 - ``stream_order``: the device tracks which work each stream is ordered after and raises
   :class:`spec.StreamRace` for an access that is not ordered (``ORD-*``) instead of letting
   timing decide.
+- ``recorded_programs``: the device reports a capture's ops with their host arguments and
+  operand geometry (``captured_ops``, :class:`spec.OpRecord`) and records the Python frame that
+  issued each (``record_frames``), so the capture sanitizer sees scalars, shapes, offsets and
+  host constants baked into a graph (``SAN-1``); without it the sanitizer compares only what
+  ``graph_op_names`` shows (kernel names and counts on CUDA).
 """
 
 CAPABILITIES: Final[frozenset[str]] = frozenset(get_args(Capability))
@@ -265,7 +271,7 @@ def _fake() -> Backend:
         lambda: spec.get_device("fake"),
         frozenset({"hazard_errors", "exact_capture_errors", "aten_op_names", "unsupported_ops",
                    "node_count", "simulator", "launch_structure", "stream_order",
-                   "scratch_tracking"}),
+                   "scratch_tracking", "recorded_programs"}),
         registry=impl,
         breakable=impl,
         runners=impl,

@@ -28,6 +28,14 @@ SMALL: dict[str, Any] = dict(
 )
 ATOL = RTOL = 1e-3
 
+_SANITIZE: list[str] = ["off"]
+"""The sanitizer level of every graph runner :func:`make_runner` builds (``--sanitize``)."""
+
+
+def set_sanitize(level: str) -> None:
+    """Set the level :func:`make_runner` gives graph runners (the plugin's ``--sanitize``)."""
+    _SANITIZE[0] = level
+
 
 def make_model(device: Any, kind: str, **overrides: Any) -> impl.CausalLM:
     """A small seeded reference model of ``kind`` on the device (the same weights every call)."""
@@ -61,8 +69,10 @@ def make_runner(
     **model_overrides: Any,
 ) -> impl.ModelRunner:
     """A model runner over a small reference model: eager when ``decode`` and ``prefill`` are
-    ``None``, else with those runner classes plugged in."""
+    ``None``, else with those runner classes plugged in (and the ``--sanitize`` level)."""
     options = decode_options or {}
+    graphs = decode is not None or prefill is not None
+    sanitize = {"sanitize": _SANITIZE[0]} if graphs and _SANITIZE[0] != "off" else {}
     return model_runner_cls(
         model if model is not None else make_model(device, kind, **model_overrides),
         device=device,
@@ -77,6 +87,7 @@ def make_runner(
         if decode is not None else None,
         prefill_runner=(lambda mr, sizes: prefill(mr, capture_num_tokens=sizes))
         if prefill is not None else None,
+        **sanitize,
     )
 
 

@@ -66,9 +66,11 @@ class ConformanceState:
         report_dir: Path | None = None,
         level: LevelChoice = "all",
         model: str | None = None,
+        sanitize: str = "off",
     ) -> None:
         self.backend_name = backend_name
         self.model = model
+        self.sanitize = sanitize
         self.xfail = xfail
         self.report_dir = report_dir
         self.level = level
@@ -90,6 +92,7 @@ class ConformanceState:
             Path(report_dir) if report_dir else None,
             config.getoption("conformance_level"),
             config.getoption("conformance_model"),
+            config.getoption("conformance_sanitize"),
         )
         if given or state.model:
             state.activate()
@@ -214,6 +217,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ),
     )
     group.addoption(
+        "--sanitize",
+        dest="conformance_sanitize",
+        default="off",
+        choices=("off", "captures", "replays", "all"),
+        help=(
+            "run the runner scenarios' graph runners with impl's sanitizer at this level: a "
+            "capture diff of every captured size (SAN-1), a replay shadow of every replay "
+            "(SAN-2), or both; with --model, on your model. Default: off."
+        ),
+    )
+    group.addoption(
         "--report-dir",
         dest="conformance_report_dir",
         default=None,
@@ -248,7 +262,8 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     if state is None or not state.active:
         return None
     model = f", model: {state.model}" if state.model else ""
-    return f"conformance backend: {state.backend_name}, level: {state.level}{model}"
+    sanitize = f", sanitize: {state.sanitize}" if state.sanitize != "off" else ""
+    return f"conformance backend: {state.backend_name}, level: {state.level}{model}{sanitize}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,6 +314,22 @@ def runner_api(backend: Backend) -> Any:
     :data:`conformance.RUNNER_NAMES` and maybe :data:`conformance.RUNNER_OPTIONAL_NAMES`. Skips,
     naming the backend, when the backend provides no runners."""
     return backend.part_or_skip("runners")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sanitize_level(request: pytest.FixtureRequest) -> Iterator[None]:
+    """``--sanitize``: the level the runner scenarios give graph runners, for the session."""
+    state = request.config.stash.get(state_key, None)
+    if state is None or not state.active or state.sanitize == "off":
+        yield
+        return
+    from ._runner_scenarios import set_sanitize
+
+    set_sanitize(state.sanitize)
+    try:
+        yield
+    finally:
+        set_sanitize("off")
 
 
 @pytest.fixture(scope="session")

@@ -69,11 +69,14 @@ def test_decode_replay_reads_this_steps_metadata(device, runner_api, variant, ki
                                                 options) -> None:
     expected = run_steps(make_runner(device, kind), _STEPS, _PROMPTS)
     if variant == "reference":
-        runner = make_runner(device, kind, decode=runner_api.CudaGraphRunner,
-                             decode_options=options)
+        def build() -> Any:
+            return make_runner(device, kind, decode=runner_api.CudaGraphRunner,
+                               decode_options=options)
     else:
-        runner = _decode_variant(device, runner_api, variant, kind)
-    _check(variant, _detected(lambda: run_steps(runner, _STEPS, _PROMPTS), expected))
+        def build() -> Any:
+            return _decode_variant(device, runner_api, variant, kind)
+    # Built inside the detection: with --sanitize a mutant may be caught at capture already.
+    _check(variant, _detected(lambda: run_steps(build(), _STEPS, _PROMPTS), expected))
 
 
 def _kv_snapshot(runner: impl.ModelRunner, slots: list[int]) -> dict[str, torch.Tensor]:
@@ -174,11 +177,14 @@ def test_prefill_regressions(device, runner_api, variant, kind) -> None:
                               max_context_len=64)
     if variant == "reference":
         prefill = optional_runner(runner_api, "BreakableCudaGraphRunner")
-        runner = make_runner(device, kind, prefill=prefill, **kw)
+        model_runner_cls = impl.ModelRunner
     else:
         model_runner_cls, prefill = PREFILL_MUTANTS[variant]
-        runner = make_runner(device, kind, prefill=prefill, model_runner_cls=model_runner_cls,
-                             **kw)
+
+    def build() -> Any:
+        return make_runner(device, kind, prefill=prefill, model_runner_cls=model_runner_cls,
+                           **kw)
+
     eager = make_runner(device, kind, **kw)
     steps: list[tuple[str, list[int]]] = []
     prompts: list[list[int]] = []
@@ -188,4 +194,5 @@ def test_prefill_regressions(device, runner_api, variant, kind) -> None:
                                                                            strict=True)]
         steps += [("extend", ids), ("decode", ids), ("release", ids)]
     expected = run_steps(eager, steps, prompts)
-    _check(variant, _detected(lambda: run_steps(runner, steps, prompts), expected))
+    # Built inside the detection: with --sanitize a mutant may be caught at capture already.
+    _check(variant, _detected(lambda: run_steps(build(), steps, prompts), expected))

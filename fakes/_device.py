@@ -24,11 +24,12 @@ from spec.errors import (
     SyncDuringCapture,
     UnsupportedInCapture,
 )
+from spec.program import OpRecord
 from spec.protocol import CaptureErrorMode, GraphState, check_capture_error_mode
 
 from ._allocator import Block, FakePool, external_label
 from ._compat import no_python_dispatch, remove_dispatch_mode
-from ._graph import FakeCUDAGraph, Program
+from ._graph import FakeCUDAGraph, Program, program_records
 from ._mode import StreamOrderMode, _storage_bytes
 from ._scratch import FakeCaptureScratch
 from ._streams import Capture, FakeEvent, FakeStream, StreamOrder
@@ -173,6 +174,7 @@ class FakeDevice:
         self._replays = 0
         self._meta_hits = 0
         self._meta_misses = 0
+        self._frames = False
         _warm_up(self)
 
     def __repr__(self) -> str:
@@ -309,6 +311,23 @@ class FakeDevice:
     def graph_op_names(self, graph: FakeCUDAGraph) -> tuple[str, ...]:
         """The aten op name (``"aten::add.Tensor"``) of each recorded op, in capture order."""
         return tuple(op.name for op in self._program_of(graph).ops)
+
+    @property
+    def frames_recorded(self) -> bool:
+        """Whether captures record the Python frame that issued each op (off by default:
+        walking the stack costs a few microseconds an op)."""
+        return self._frames
+
+    def record_frames(self, enabled: bool) -> None:
+        """Turn frame recording on or off for later captures (``captured_ops`` reports them)."""
+        self._frames = bool(enabled)
+
+    def captured_ops(self, graph: FakeCUDAGraph) -> tuple[OpRecord, ...]:
+        """The recorded ops of ``graph``'s complete capture, as :class:`spec.OpRecord` records in
+        capture order (``GraphNotReady`` without one). Pool memory is named by block and
+        allocation, outside memory by storage; host constants the graph owns carry their
+        values."""
+        return program_records(self._program_of(graph))
 
     # -- weak references ----------------------------------------------------------------------
 

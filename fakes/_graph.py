@@ -40,18 +40,19 @@ from spec.errors import (
     PoolNotReady,
     ResetDuringCapture,
 )
+from spec.program import OpRecord, TensorRecord
 from spec.protocol import GraphState
 
 from ._allocator import Block, FakePool, MemRef, WeakMemory, WriteStamp, describe_memory
 from ._compat import no_python_dispatch
-from ._ops import ReadRecord, RecordedOp, fill_slots, flatten_tensors
+from ._ops import ReadRecord, RecordedOp, Slot, fill_slots, flatten_tensors
 
 if TYPE_CHECKING:
     from ._device import FakeDevice
     from ._mode import Recorder
     from ._streams import Capture, FakeStream, StreamOrder
 
-__all__ = ["FakeCUDAGraph"]
+__all__ = ["FakeCUDAGraph", "program_records"]
 
 
 
@@ -297,3 +298,48 @@ class FakeCUDAGraph:
         source = self._program or self._capture
         return f"<fake CUDAGraph #{source.serial if source else 0} {self.state}>"
 
+
+_CONSTANT_VALUES = 256
+"""Host constants up to this many elements carry their values in a record."""
+
+
+def program_records(program: Program) -> tuple[OpRecord, ...]:
+    """``program``'s ops as :class:`spec.OpRecord` records (see ``FakeDevice.captured_ops``)."""
+    constants = {t.untyped_storage().data_ptr(): t for t in program.constants}
+    tensors: dict[int, TensorRecord] = {}
+
+    def tensor(index: int) -> TensorRecord:
+        found = tensors.get(index)
+        if found is not None:
+            return found
+        ref = program.refs[index]
+        value = None
+        if ref.block is not None:
+            memory: object = ("block", ref.block.id, ref.gen)
+            address = ref.block.data_ptr
+            in_pool = ref.block.pool_id == program.pool.id
+        else:
+            storage = ref.weak.resolve() if ref.weak is not None else None
+            address = storage.data_ptr() if storage is not None else 0
+            memory, in_pool = ("storage", address), False
+            constant = constants.get(address)
+            if constant is not None and constant.numel() <= _CONSTANT_VALUES:
+                with no_python_dispatch():
+                    value = tuple(constant.reshape(-1).tolist())
+        found = tensors[index] = TensorRecord(
+            memory, address, in_pool, ref.offset, ref.shape, ref.stride, str(ref.dtype), value
+        )
+        return found
+
+    def convert(value: object) -> object:
+        if type(value) is Slot:
+            return tensor(value.index)
+        if type(value) in (list, tuple):
+            return type(value)(convert(v) for v in value)  # type: ignore[call-arg]
+        return value
+
+    return tuple(
+        OpRecord(op.index, op.name, tuple(convert(a) for a in op.args),
+                 {k: convert(v) for k, v in op.kwargs.items()}, op.frame)
+        for op in program.ops
+    )

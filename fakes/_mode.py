@@ -41,6 +41,7 @@ from ._allocator import (
     external_label,
 )
 from ._compat import no_python_dispatch
+from ._frames import issuing_frame
 from ._ops import (
     OpInfo,
     ReadRecord,
@@ -414,6 +415,7 @@ class Recorder:
                 reads=tuple(read_records),
                 writes=write_list,
                 stamps=tuple(stamps),
+                frame=issuing_frame() if self.device.frames_recorded else None,
             )
         )
         if n_returns == 0:

@@ -242,6 +242,8 @@ class RecordedOp:
     reads: tuple[ReadRecord, ...]
     writes: tuple[int, ...]
     stamps: tuple[WriteStamp | None, ...]
+    frame: str | None = None
+    """``"file:line"`` that issued the op, when the device records frames."""
 
     def __repr__(self) -> str:
         return f"<recorded op {self.index}: {self.name}>"

@@ -83,6 +83,12 @@ from .runners import (
     default_prefill_sizes,
     resolve_layer_stack,
 )
+from .sanitizer import (
+    SANITIZE_LEVELS,
+    ReplayShadow,
+    SanitizeLevel,
+    capture_diff,
+)
 
 __all__ = [
     "ATTENTION_FUNCTION",
@@ -124,15 +130,19 @@ __all__ = [
     "PaddingPolicy",
     "PrefillEntry",
     "ReplayProfile",
+    "ReplayShadow",
     "Request",
     "RunnerStats",
+    "SANITIZE_LEVELS",
     "SUPPORTED_MODEL_TYPES",
+    "SanitizeLevel",
     "TorchAttentionBackend",
     "TransformersModel",
     "break_graph",
     "build_decode_registry",
     "build_model",
     "build_prefill_registry",
+    "capture_diff",
     "clear_input_buffer_pool",
     "copy_into",
     "default_attention_backend",

@@ -13,6 +13,7 @@ from . import (  # noqa: F401
     _clauses_models,
     _clauses_registry,
     _clauses_runners,
+    _clauses_sanitizer,
     _clauses_streams,
     errors,
 )
@@ -41,10 +42,12 @@ from .errors import (
     GraphNotEmpty,
     GraphNotReady,
     GraphStateError,
+    HostValueBaked,
     MetadataNotUpgraded,
     NestedCapture,
     PoolClobber,
     PoolNotReady,
+    ReplayDiverged,
     ReplayError,
     ResetDuringCapture,
     StreamRace,
@@ -64,6 +67,7 @@ from .protocol import (
     check_capture_error_mode,
 )
 from .registry_oracle import OracleContext, OracleSlot, RegistryOracle
+from .program import OpRecord, TensorRecord
 from .runner_config import LAYER_TYPES, LayerType, RunnerConfig
 
 __all__ = [
@@ -89,11 +93,13 @@ __all__ = [
     "GraphStateError",
     "GraphTarget",
     "HasLayerStack",
+    "HostValueBaked",
     "LAYER_TYPES",
     "LayerStackLike",
     "LayerType",
     "MetadataNotUpgraded",
     "NestedCapture",
+    "OpRecord",
     "OracleContext",
     "OracleSlot",
     "PoolClobber",
@@ -101,6 +107,7 @@ __all__ = [
     "PoolNotReady",
     "RegistryAPI",
     "RegistryOracle",
+    "ReplayDiverged",
     "ReplayError",
     "ResetDuringCapture",
     "RunnerConfig",
@@ -110,6 +117,7 @@ __all__ = [
     "StreamLike",
     "StreamRace",
     "SyncDuringCapture",
+    "TensorRecord",
     "UnjoinedStream",
     "UnsupportedInCapture",
     "api_names",

@@ -27,10 +27,12 @@ __all__ = [
     "GraphNotEmpty",
     "GraphNotReady",
     "GraphStateError",
+    "HostValueBaked",
     "MetadataNotUpgraded",
     "NestedCapture",
     "PoolClobber",
     "PoolNotReady",
+    "ReplayDiverged",
     "ReplayError",
     "ResetDuringCapture",
     "StreamRace",
@@ -190,8 +192,50 @@ class UnsupportedInCapture(CaptureError):
 # ---------------------------------------------------------------------------------------------
 
 
-class AttentionInSegment(CaptureError):
-    """Batch-dependent attention ran inside a segment of a breakable capture, outside any break.
+class HostValueBaked(CaptureError):
+    """A value read on the host at capture was frozen into the graph: two captures of the same
+    padded size, made with different placeholder batches, recorded different work.
+
+    A replay then computes with the capture's batch, not the live one (a Python int offset or
+    length, a per-request loop bound, a shape derived from the batch, a host-computed scalar).
+    Raised by the capture sanitizer (``SAN-1``) naming the first op that differs: ``index`` in
+    capture order, ``op`` its name, ``argument`` which argument (``"op"`` when the ops
+    themselves differ, ``"breaks"`` for the break sequence), ``values`` what the two captures
+    recorded there, and ``frame`` (``"file:line"``) where the op was issued, when known.
+
+    Fix: compute the value on the device from the batch's tensors, or move the work that needs
+    it into an ``eager_on_graph`` break, which reads the live batch at every replay.
+    """
+
+    clause = "SAN-1"
+
+    def __init__(
+        self,
+        op: str = "",
+        index: int | None = None,
+        argument: str = "",
+        values: tuple[Any, Any] | None = None,
+        frame: str | None = None,
+        *,
+        detail: str | None = None,
+    ) -> None:
+        self.op = op
+        self.index = index
+        self.argument = argument
+        self.values = values
+        self.frame = frame
+        where = f" at {frame}" if frame else ""
+        what = f"op {index} ({op})" if index is not None else op or "an op"
+        seen = f": {values[0]!r} in one capture, {values[1]!r} in the other" if values else ""
+        super().__init__(
+            f"host value baked into the capture by {what}{where}, argument {argument}{seen}",
+            detail=detail,
+        )
+
+
+class AttentionInSegment(HostValueBaked):
+    """Batch-dependent attention ran inside a segment of a breakable capture, outside any break:
+    a host value about to be baked in, caught before the capture ends (a :class:`HostValueBaked`).
 
     A segment replays what it recorded: extend attention (its per-request loop bounds, offsets
     and lengths) or any read of host-side per-request metadata made while a segment records
@@ -212,8 +256,10 @@ class AttentionInSegment(CaptureError):
     ) -> None:
         self.what = what
         self.layer_id = layer_id
+        self.op, self.index, self.argument, self.values, self.frame = what, None, "", None, None
         where = f" in layer {layer_id}" if layer_id is not None else ""
-        super().__init__(
+        CaptureError.__init__(
+            self,
             f"{what or 'batch-dependent attention'}{where} ran inside a breakable graph segment, "
             "outside any break: replay would attend with the capture's placeholder batch. Call "
             "impl.paged_attention (KV write in the segment, attention as an eager_on_graph "
@@ -332,6 +378,42 @@ class MetadataNotUpgraded(ReplayError):
         super().__init__(
             f"read of full attention metadata{what} before init_forward_metadata_in_graph "
             "upgraded it", detail=detail,
+        )
+
+
+class ReplayDiverged(ReplayError):
+    """A replay's results differ from the same batch run eagerly (the replay shadow, ``SAN-2``).
+
+    ``point`` names the first fixed point that differs (``"layer 3 KV write"``, ``"logits"``),
+    ``step`` the runner's step number, ``raw_size`` and ``padded_size`` the batch's real and
+    captured size, ``max_diff`` the largest absolute difference there and ``tolerance`` what
+    the dtype allows. Usual causes: an input the replay did not refill, stale padded rows, a
+    value baked at capture that this batch does not share.
+    """
+
+    clause = "SAN-2"
+
+    def __init__(
+        self,
+        point: str = "",
+        step: int | None = None,
+        raw_size: int | None = None,
+        padded_size: int | None = None,
+        max_diff: float | None = None,
+        tolerance: float | None = None,
+        *,
+        detail: str | None = None,
+    ) -> None:
+        self.point = point
+        self.step = step
+        self.raw_size = raw_size
+        self.padded_size = padded_size
+        self.max_diff = max_diff
+        self.tolerance = tolerance
+        super().__init__(
+            f"replay diverged from eager at {point or 'a fixed point'} (step {step}, size "
+            f"{raw_size} padded to {padded_size}): max difference {max_diff} above tolerance "
+            f"{tolerance}", detail=detail,
         )
 
 

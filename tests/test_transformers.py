@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import fakes
@@ -234,3 +236,24 @@ def test_the_suite_runs_on_a_transformers_factory(tmp_path: Any) -> None:
     for clause in ("RUN-7", "RUN-11", "RUN-12", "MODEL-3"):
         assert f"| {clause} | runners | pass |" in report or f"| {clause} | models | pass |" \
             in report, clause
+
+
+_SANITIZED: dict[str, tuple[impl.ModelRunner, Any]] = {}
+
+
+@pytest.mark.parametrize("arch", hf_models.ARCHITECTURES)
+@settings(max_examples=4, deadline=None, derandomize=True, database=None)
+@given(requests=st.lists(st.tuples(st.lists(st.integers(1, 95), min_size=1, max_size=9),
+                                   st.integers(1, 3)), min_size=1, max_size=4))
+def test_the_sanitizer_is_silent_on_transformers_models(arch: str, requests: Any) -> None:
+    """``SAN-3`` on transformers models (the fake): at ``sanitize="all"`` every capture diff
+    and replay shadow stays silent over random batches, and the tokens are transformers'."""
+    if arch not in _SANITIZED:
+        hf = hf_models.build(arch)
+        _SANITIZED[arch] = (_runner(impl.from_transformers(hf), fakes.FakeDevice(), "graphs",
+                                    sanitize="all"), hf)
+    runner, hf = _SANITIZED[arch]
+    prompts, limits = [p for p, _ in requests], [m for _, m in requests]
+    out = runner.generate(prompts, limits)
+    for prompt, limit, tokens in zip(prompts, limits, out.tokens, strict=True):
+        assert tokens == _reference(hf, prompt, limit)[0], (arch, prompt)

@@ -12,6 +12,7 @@ import torch
 from .._hooks import RemovableHandle, StepHooks
 from ..models import ForwardBatch, ForwardMode, set_forward_context
 from ..registry import CudaGraphBufferRegistry, build_decode_registry
+from ..sanitizer import CaptureSanitizer, SanitizeLevel, check_sanitize
 from ._common import RunnerStats, StatsCounter, check_sizes, pad_to_captured
 from ._target import GraphTarget, as_graph_target
 
@@ -82,6 +83,8 @@ class CudaGraphRunner:
         keep_graph: capture with ``device.CUDAGraph(keep_graph=True)`` so that
             ``device.graph_node_count`` can count each graph's work items on CUDA.
         hooks: step name -> hook, registered before the capture (:meth:`register_hook`).
+        sanitize: with ``"captures"`` or ``"all"``, a capture diff of every size (``SAN-1``;
+            default: the target's level).
 
     **Hooks** (:meth:`register_hook`; each ``hook(runner, proceed, *args)``): ``build_registry()``
     returns the registry; ``static_swa_loc()`` returns the context manager around warmup and
@@ -105,8 +108,10 @@ class CudaGraphRunner:
         num_warmups: int = 2,
         keep_graph: bool = False,
         hooks: Mapping[str, Callable[..., Any]] | None = None,
+        sanitize: SanitizeLevel | None = None,
     ) -> None:
         self.target: GraphTarget = as_graph_target(target)
+        self.sanitize = self.target.sanitize if sanitize is None else check_sanitize(sanitize)
         self.device = self.target.device
         limit = self.target.max_bs
         sizes = default_decode_sizes(limit) if capture_bs is None else capture_bs
@@ -203,17 +208,55 @@ class CudaGraphRunner:
             device.current_stream().wait_stream(stream)
 
     def _capture_one(self, bs: int) -> None:
-        device, target, hooks = self.device, self.target, self._hooks
+        hooks = self._hooks
         batch = self._capture_batch(bs)
         with set_forward_context(batch):
             hooks.call("prepare_capture", self, self._prepare_replay, batch)
             for _ in range(self.num_warmups):
                 hooks.call("record_forward", self, self._record_forward, batch)
-            graph = device.CUDAGraph(keep_graph=True) if self.keep_graph else device.CUDAGraph()
-            with device.graph(graph, pool=target.pool, stream=target.stream):
-                output = hooks.call("record_forward", self, self._record_forward, batch)
+            graph, output = self._capture_graph(batch, self.target.pool)
         self.entries[bs] = DecodeEntry(graph, output, batch)
         self._counter.captures += 1
+        if self.sanitize in ("captures", "all"):
+            self._probe(bs, graph)
+
+    def _capture_graph(self, batch: ForwardBatch, pool: Any) -> tuple[Any, torch.Tensor]:
+        """The capture itself (the forward context set by the caller): one graph of
+        ``record_forward(batch)`` into ``pool`` on the target's stream."""
+        keep = self.keep_graph or self.sanitize in ("captures", "all")
+        graph = self.device.CUDAGraph(keep_graph=True) if keep else self.device.CUDAGraph()
+        with self.device.graph(graph, pool=pool, stream=self.target.stream):
+            output = self._hooks.call("record_forward", self, self._record_forward, batch)
+        return graph, output
+
+    def _probe(self, bs: int, graph: Any) -> None:
+        """The capture diff of size ``bs`` (``SAN-1``): the registry filled with another decode
+        batch (fewer real requests, other positions and lengths), the same capture into a
+        private pool, compared with ``graph``, then reset. Executes nothing: rows and cache
+        locations are the dummy ones."""
+        raw = max(1, bs - 1)
+        where = self.device.device
+        positions = torch.arange(raw, device=where, dtype=torch.int64) * 3 + 5
+        zeros = torch.zeros(raw, dtype=torch.int64, device=where)
+        probe = ForwardBatch(
+            forward_mode=ForwardMode.DECODE, batch_size=raw,
+            input_ids=(positions * 7) % self.target.config.vocab_size, positions=positions,
+            req_pool_indices=zeros, seq_lens=positions + 1, seq_lens_cpu=(positions + 1).cpu(),
+            out_cache_loc=zeros, out_cache_loc_swa=zeros.to(torch.int32),
+            attn_backend=self.target.attn_backend, kv_cache=self.target.kv_cache,
+        )
+        self.registry.fill_from(
+            probe, raw_bs=raw, padded_bs=bs, raw_num_tokens=raw, padded_num_tokens=bs
+        )
+        sanitizer = CaptureSanitizer(self.device, self.target.named_tensors(self.registry))
+        batch = self._capture_batch(bs)
+        with set_forward_context(batch), sanitizer.recording_frames():
+            self._hooks.call("prepare_capture", self, self._prepare_replay, batch)
+            second, _ = self._capture_graph(batch, self.device.graph_pool_handle())
+        try:
+            sanitizer.check(graph, second)
+        finally:
+            second.reset()
 
     # -- decision and replay -------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..models import ForwardBatch
+from ..sanitizer import ReplayShadow, SanitizeLevel, check_sanitize
 from ._common import check_sizes, pad_to_captured
 from ._decode import CudaGraphRunner, default_decode_sizes
 from ._prefill import BreakableCudaGraphRunner, default_prefill_sizes
@@ -136,6 +137,9 @@ class CudaGraphManager:
             the prefill ladder for PIECEWISE).
         use_breakable: whether piecewise graphs are breakable graphs; without it, piecewise
             batches run the plain model call.
+        sanitize: the sanitizer level of the manager's runners and routes (default: the
+            target's): a capture diff of every graph (``SAN-1``), a replay shadow of every
+            graph route (``SAN-2``).
 
     Capture (:meth:`capture`) puts piecewise graphs first, then full graphs, each largest
     first, into the one pool. :meth:`decide` is the one decision per step: the dispatcher's
@@ -153,8 +157,13 @@ class CudaGraphManager:
         *,
         capture_sizes: Sequence[int] | None = None,
         use_breakable: bool = True,
+        sanitize: SanitizeLevel | None = None,
     ) -> None:
         self.target: GraphTarget = as_graph_target(target)
+        self.sanitize = self.target.sanitize if sanitize is None else check_sanitize(sanitize)
+        self._shadow = (
+            ReplayShadow(self.target) if self.sanitize in ("replays", "all") else None
+        )
         self.mode = mode
         limit = min(self.target.max_context_len, self.target.max_total_tokens)
         if capture_sizes is None:
@@ -185,7 +194,7 @@ class CudaGraphManager:
             limit = min(target.max_context_len, target.max_total_tokens)
             runner = BreakableCudaGraphRunner(
                 target, capture_num_tokens=[d.num_tokens for d in sizes if d.num_tokens <= limit],
-                pool=self.pool, stream=self.stream,
+                pool=self.pool, stream=self.stream, sanitize=self.sanitize,
             )
             self._pw_runners[id(target)] = runner
         return runner
@@ -206,7 +215,7 @@ class CudaGraphManager:
         if self._full is None:
             sizes = sorted(d.num_tokens for d in self.dispatcher.keys[CUDAGraphMode.FULL]
                            if d.uniform)
-            self._full = CudaGraphRunner(self.target, capture_bs=sizes)
+            self._full = CudaGraphRunner(self.target, capture_bs=sizes, sanitize=self.sanitize)
         return self._full
 
     def run_fullgraph(self, desc: BatchDescriptor, batch: ForwardBatch) -> torch.Tensor:
@@ -251,8 +260,17 @@ class CudaGraphManager:
         return eager if mode is CUDAGraphMode.PIECEWISE else (mode, desc)
 
     def run(self, key: ManagerKey, batch: ForwardBatch) -> torch.Tensor:
-        """Run ``batch`` on the path ``key`` (from :meth:`decide`) names, trusting it."""
+        """Run ``batch`` on the path ``key`` (from :meth:`decide`) names, trusting it; with a
+        replay shadow (``sanitize="replays"`` or ``"all"``), a graph path is checked against
+        the same batch run eagerly (``SAN-2``)."""
         mode, desc = key
+        if self._shadow is not None and mode is not CUDAGraphMode.NONE:
+            return self._shadow.run(lambda: self._route(mode, desc, batch), batch,
+                                    desc.num_tokens)
+        return self._route(mode, desc, batch)
+
+    def _route(self, mode: CUDAGraphMode, desc: BatchDescriptor,
+               batch: ForwardBatch) -> torch.Tensor:
         if mode is CUDAGraphMode.FULL:
             return self.run_fullgraph(desc, batch)
         if mode is CUDAGraphMode.PIECEWISE:

@@ -3,6 +3,7 @@ batches for requests that come and go, and runs greedy generation."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -15,6 +16,7 @@ from spec import DeviceModule, RunnerConfig
 
 from ..breakable import default_capture_stream
 from ..models import ForwardBatch, ForwardMode, HybridSWAKVCache, KVCache, TorchAttentionBackend
+from ..sanitizer import ReplayShadow, SanitizeLevel, check_sanitize
 from ._common import RunnerStats
 from ._decode import CudaGraphRunner
 from ._prefill import BreakableCudaGraphRunner
@@ -110,6 +112,10 @@ class ModelRunner:
         decode_runner, prefill_runner: factories ``(model_runner, sizes) -> runner`` replacing
             the reference runners (a third party's, or a mutant); a runner is built from
             :meth:`graph_target` (``runner(model_runner)`` still works for one release).
+        sanitize: what the sanitizer checks (:data:`impl.SanitizeLevel`, default ``"off"``):
+            ``"captures"`` makes a capture diff of every captured size (``SAN-1``:
+            :class:`spec.HostValueBaked` at construction), ``"replays"`` checks every replay
+            against an eager shadow (``SAN-2``: :class:`spec.ReplayDiverged`), ``"all"`` both.
 
     :meth:`forward` decides once per step which runner serves a batch (its ``decide``, or a
     third party's gate ``runner(batch)``) and runs a declined batch eagerly itself. With every
@@ -135,11 +141,13 @@ class ModelRunner:
         kv_cache: KVCacheFactory | None = None,
         decode_runner: Callable[[ModelRunner, Sequence[int] | None], Any] | None = None,
         prefill_runner: Callable[[ModelRunner, Sequence[int] | None], Any] | None = None,
+        sanitize: SanitizeLevel = "off",
     ) -> None:
         for name, value in (("max_running_requests", max_running_requests),
                             ("max_total_tokens", max_total_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        sanitize = check_sanitize(sanitize)
         if prefill not in ("eager", "breakable"):
             raise ValueError(f"prefill must be 'eager' or 'breakable', got {prefill!r}")
         if not 0.0 < swa_full_tokens_ratio <= 1.0:
@@ -163,13 +171,11 @@ class ModelRunner:
         self.max_context_len = max_context_len or min(max_total_tokens, 512)
         self.swa_full_tokens_ratio = swa_full_tokens_ratio
         self.kv_cache = self._make_kv_cache(kv_cache or _default_kv_cache)
-        if attention_backend is None:
-            self.attn_backend = default_attention_backend(
-                self.kv_cache, config, max_bs=max_running_requests,
-                max_num_tokens=max_total_tokens,
-            )
-        else:
-            self.attn_backend = attention_backend(self.kv_cache, config)
+        make_backend = attention_backend or functools.partial(
+            default_attention_backend, max_bs=max_running_requests,
+            max_num_tokens=max_total_tokens,
+        )
+        self.attn_backend = make_backend(self.kv_cache, config)
         # One pool and one capture stream for every graph of this runner: captures that share
         # a pool must share the stream (the caching allocator keeps free blocks per stream).
         self._target = GraphTarget(
@@ -177,6 +183,10 @@ class ModelRunner:
             kv_cache=self.kv_cache, pool=device.graph_pool_handle(),
             stream=default_capture_stream(device), max_bs=max_running_requests,
             max_context_len=self.max_context_len, max_total_tokens=max_total_tokens,
+            sanitize=sanitize, make_backend=lambda kv: make_backend(kv, config),
+        )
+        self._shadow = (
+            ReplayShadow(self._target) if sanitize in ("replays", "all") else None
         )
         self.decode_runner: Any = None
         self.prefill_runner: Any = None
@@ -250,7 +260,11 @@ class ModelRunner:
         if decide is None:
             return runner(batch)  # a third party's gate (the shape of one release)
         key = decide(batch)
-        return self.forward_eager(batch) if key is None else runner.run(key, batch)
+        if key is None:
+            return self.forward_eager(batch)
+        if self._shadow is None:
+            return runner.run(key, batch)
+        return self._shadow.run(lambda: runner.run(key, batch), batch, key)
 
     def forward_eager(self, batch: ForwardBatch) -> torch.Tensor:
         """Both metadata halves and the whole model, eagerly (counted by the target)."""

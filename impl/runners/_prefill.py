@@ -12,6 +12,7 @@ from .._hooks import RemovableHandle, StepHooks
 from ..breakable import BreakableCUDAGraph, BreakableCUDAGraphCapture, enable_breakable_cuda_graph
 from ..models import ForwardBatch, ForwardMode, set_forward_context
 from ..registry import CudaGraphBufferRegistry, GraphSlot, PaddingPolicy, build_prefill_registry
+from ..sanitizer import CaptureSanitizer, SanitizeLevel, check_sanitize
 from ._common import RunnerStats, StatsCounter, check_sizes, pad_to_captured
 from ._layer_stack import resolve_layer_stack
 from ._target import GraphTarget, as_graph_target
@@ -78,6 +79,8 @@ class BreakableCudaGraphRunner:
         pool, stream: the graph pool and capture stream (default the target's), so a manager
             can put several models' graphs in one pool.
         hooks: step name -> hook, registered before the capture (:meth:`register_hook`).
+        sanitize: with ``"captures"`` or ``"all"``, a capture diff of every token count with a
+            placeholder of two requests (``SAN-1``; default: the target's level).
 
     **Hooks** (:meth:`register_hook`; each ``hook(runner, proceed, *args)``):
     ``prepare_capture(batch)`` and ``prepare_replay(batch)`` are the metadata work before
@@ -96,8 +99,10 @@ class BreakableCudaGraphRunner:
         pool: Any = None,
         stream: Any = None,
         hooks: Mapping[str, Callable[..., Any]] | None = None,
+        sanitize: SanitizeLevel | None = None,
     ) -> None:
         self.target: GraphTarget = as_graph_target(target)
+        self.sanitize = self.target.sanitize if sanitize is None else check_sanitize(sanitize)
         self.device = self.target.device
         limit = min(self.target.max_context_len, self.target.max_total_tokens)
         sizes = (
@@ -212,14 +217,75 @@ class BreakableCudaGraphRunner:
             hooks.call("prepare_capture", self, self._prepare_replay, batch)
             for _ in range(self.num_warmups):
                 hooks.call("captured_forward", self, self._captured_forward, batch)
-            graph = BreakableCUDAGraph(self.device)
-            with BreakableCUDAGraphCapture(graph, pool=self.pool, stream=self.stream):
-                output = hooks.call("captured_forward", self, self._captured_forward, batch)
+            graph, output = self._capture_graph(batch, self.pool)
         # The placeholder's own tensors (request-axis fields) are read by nothing the graph
         # records; kept with the graph anyway, so a capture that strays outside the layer stack
         # reads stale placeholder values, never freed memory.
         self.entries[tokens] = PrefillEntry(graph, output, batch)
         self._counter.captures += 1
+        if self.sanitize in ("captures", "all"):
+            self._probe(tokens, graph)
+
+    def _capture_graph(self, batch: ForwardBatch, pool: Any) -> tuple[BreakableCUDAGraph, Any]:
+        """The capture itself (the forward context set by the caller): one breakable graph of
+        ``captured_forward(batch)`` into ``pool`` on the runner's stream."""
+        keep = self.sanitize in ("captures", "all")
+        graph = BreakableCUDAGraph(self.device, keep_graph=keep)
+        with BreakableCUDAGraphCapture(graph, pool=pool, stream=self.stream):
+            output = self._hooks.call("captured_forward", self, self._captured_forward, batch)
+        return graph, output
+
+    def _probe_batch(self, tokens: int) -> ForwardBatch:
+        """Another placeholder of ``tokens`` tokens: two requests (one when ``tokens`` is 1),
+        the first over a cached prefix, so every per-request host value differs from the
+        one-request placeholder's. Request row 0 and cache slot 0 (the dummy ones): the
+        capture-time calls of breaks write nothing a live request owns."""
+        target, where = self.target, self.device.device
+        counts = [tokens] if tokens == 1 else [max(1, tokens // 3), tokens - max(1, tokens // 3)]
+        prefix = [2] + [0] * (len(counts) - 1)
+        positions = [p + j for p, n in zip(prefix, counts, strict=True) for j in range(n)]
+        starts = [sum(counts[:i]) for i in range(len(counts))]
+        seq = [p + n for p, n in zip(prefix, counts, strict=True)]
+
+        def dev(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=where)
+
+        zeros = dev([0] * tokens)
+        hidden = None
+        if self.registry.has_slot("hidden_states"):
+            hidden = torch.zeros(tokens, target.config.hidden_size, dtype=target.config.kv_dtype,
+                                 device=where)
+        probe = ForwardBatch(
+            forward_mode=ForwardMode.EXTEND, batch_size=len(counts),
+            input_ids=dev([(7 * p + 3) % target.config.vocab_size for p in positions]),
+            positions=dev(positions), req_pool_indices=dev([0] * len(counts)), seq_lens=dev(seq),
+            seq_lens_cpu=torch.tensor(seq, dtype=torch.int64), out_cache_loc=zeros,
+            out_cache_loc_swa=zeros.to(torch.int32), extend_seq_lens=dev(counts),
+            extend_prefix_lens=dev(prefix), extend_start_loc=dev(starts),
+            extend_seq_lens_cpu=counts, extend_prefix_lens_cpu=prefix,
+            extend_start_loc_cpu=starts, hidden_states=hidden,
+            attn_backend=target.attn_backend, kv_cache=target.kv_cache,
+        )
+        bs = len(counts)
+        self.registry.fill_from(
+            probe, raw_bs=bs, padded_bs=bs, raw_num_tokens=tokens, padded_num_tokens=tokens
+        )
+        return self.registry.extract_buffer(
+            padded_bs=bs, padded_num_tokens=tokens, forward_batch_template=probe
+        )
+
+    def _probe(self, tokens: int, graph: BreakableCUDAGraph) -> None:
+        """The capture diff of ``tokens`` (``SAN-1``): the same capture with
+        :meth:`_probe_batch` into a private pool, compared with ``graph``, then reset."""
+        sanitizer = CaptureSanitizer(self.device, self.target.named_tensors(self.registry))
+        batch = self._probe_batch(tokens)
+        with set_forward_context(batch), sanitizer.recording_frames():
+            self._hooks.call("prepare_capture", self, self._prepare_replay, batch)
+            second, _ = self._capture_graph(batch, self.device.graph_pool_handle())
+        try:
+            sanitizer.check(graph, second)
+        finally:
+            second.reset()
 
     # -- decision and replay -------------------------------------------------------------------
 

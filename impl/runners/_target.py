@@ -10,6 +10,7 @@ import torch
 from spec import RunnerConfig
 
 from ..models import set_forward_context
+from ..sanitizer import SanitizeLevel, named_tensors
 
 __all__ = ["GraphTarget", "as_graph_target"]
 
@@ -41,6 +42,21 @@ class GraphTarget:
     eager_runs: int = 0
     """Batches :meth:`forward` ran, whoever declined them (the model runner, a gate, the
     manager): its own counter."""
+    sanitize: SanitizeLevel = "off"
+    """What the sanitizer checks (:data:`impl.SanitizeLevel`) for runners built on this target
+    that are given no level of their own."""
+    make_backend: Any = None
+    """``kv_cache -> backend``: a new attention backend like :attr:`attn_backend` over another
+    cache (what a replay shadow attends with); ``None`` where the builder did not give one."""
+
+    def named_tensors(self, registry: Any = None) -> dict[str, torch.Tensor]:
+        """The buffers a capture reads, by name, for the sanitizer's roles: ``registry.<slot>``,
+        ``model.<parameter>``, ``kv.<field>``, ``backend.<field>``."""
+        slots = {} if registry is None else {
+            name: registry.get_slot(name).buffer for name in registry.slot_names()
+        }
+        return named_tensors(registry=slots, model=self.model, kv=self.kv_cache,
+                             backend=self.attn_backend)
 
     def init_metadata_out_graph(self, batch: Any) -> None:
         """The host half of attention metadata (never inside a graph)."""
