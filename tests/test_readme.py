@@ -68,3 +68,25 @@ def test_the_bring_your_own_model_example_runs() -> None:
     exec(compile(_block_using("impl.from_transformers(hf)"), str(README), "exec"), namespace)
     stats = namespace["runner"].stats
     assert stats.captures > 0 and stats.graph_replays > 0, stats
+
+
+def test_the_sanitizer_example_names_the_line() -> None:
+    """The "Capture sanitizer" block runs as printed: the unsanitized runner builds, the
+    sanitized one raises ``HostValueBaked`` at the block's line that slices by the host
+    length."""
+    import spec
+
+    block = _block_using("FirstRequestBoost")
+    namespace: dict[str, Any] = {"__name__": "readme_sanitizer_example"}
+    caught: list[BaseException] = []
+    real_print = print
+
+    def record(*args: Any, **kwargs: Any) -> None:
+        caught.extend(a for a in args if isinstance(a, BaseException))
+        real_print(*args, **kwargs)
+
+    namespace["print"] = record
+    exec(compile(block, "<readme sanitizer>", "exec"), namespace)
+    assert len(caught) == 1 and isinstance(caught[0], spec.HostValueBaked), caught
+    line = next(i for i, text in enumerate(block.splitlines(), 1) if "x[:n].mean(0)" in text)
+    assert caught[0].frame == f"<readme sanitizer>:{line}", caught[0].frame

@@ -3,12 +3,12 @@
 ``python -m tests.bench.make_report [DIR]`` (default ``reports``; ``nox -s bench`` runs it) reads
 what the benchmarks wrote there (``bench_runners.json``, ``breakable_overhead.json``,
 ``break_copies.json``, ``bench_registry_cuda.json``, ``bench_capture.json``, ``bench_fake.json``,
-``nox_cpu.json``, ``bench_transformers.json``), and writes ``DIR/bench.md``: one table per
-benchmark with its target, the measured figure and whether it meets the target, headed by the
-GPU, torch and CUDA versions and the date of the run. With matplotlib installed it also writes
-``prefill_latency.png`` (latency against token count: eager, breakable, full graph,
-torch.compile) and ``segment_overhead.png`` (the library's cost per segment against the number
-of segments). A missing file leaves its section out.
+``nox_cpu.json``, ``bench_transformers.json``, ``bench_sanitizer.json``), and writes
+``DIR/bench.md``: one table per benchmark with its target, the measured figure and whether it meets
+the target, headed by the GPU, torch and CUDA versions and the date of the run. With matplotlib
+installed it also writes ``prefill_latency.png`` (latency against token count: eager, breakable,
+full graph, torch.compile) and ``segment_overhead.png`` (the library's cost per segment against the
+number of segments). A missing file leaves its section out.
 """
 
 from __future__ import annotations
@@ -169,6 +169,15 @@ def _transformers(data: dict[str, Any]) -> list[str]:
     return out
 
 
+def _sanitizer(data: dict[str, Any]) -> list[str]:
+    rows = [[level, f"{row['build_over_off']:.2f}x", f"{row['decode_over_off']:.2f}x",
+             f"{row['prefill_over_off']:.2f}x"] for level, row in data["levels"].items()]
+    return ["## 8. What the sanitizer costs (ratios to `sanitize=\"off\"`, same run)", "",
+            f"Reference dense model, decode of {data['decode_bs']} requests, prefill of "
+            f"{data['prefill_tokens']} tokens.", "",
+            *_table(["level", "build (captures)", "decode step", "prefill step"], rows)]
+
+
 def _plots(folder: Path, runners: dict[str, Any] | None, overhead: dict[str, Any] | None,
            ) -> list[str]:
     try:
@@ -232,6 +241,7 @@ def make_report(folder: Path) -> Path:
     capture = _load(folder, "bench_capture.json")
     fake, nox_cpu = _load(folder, "bench_fake.json"), _load(folder, "nox_cpu.json")
     transformers = _load(folder, "bench_transformers.json")
+    sanitizer = _load(folder, "bench_sanitizer.json")
     head = next((d for d in (capture, overhead, runners) if d), {})
     lines = ["# Benchmarks", "",
              f"GPU: {head.get('device', 'none')}; torch {head.get('torch', '?')}, CUDA "
@@ -251,6 +261,8 @@ def make_report(folder: Path) -> Path:
         lines += _fake(fake, nox_cpu)
     if transformers:
         lines += _transformers(transformers)
+    if sanitizer:
+        lines += _sanitizer(sanitizer)
     for plot in _plots(folder, runners, overhead):
         lines += [f"![{plot}]({plot})", ""]
     path = folder / "bench.md"

@@ -58,11 +58,14 @@ def test_report_has_every_section_and_marks_what_falls_short(tmp_path: Path) -> 
     _write(tmp_path, "bench_transformers.json", {
         "transformers": "5.17.0", "models": {"reference": model, "transformers": model},
         "transformers_over_reference": {"decode_graph": [1.5], "prefill_breakable": [2.25]}})
+    _write(tmp_path, "bench_sanitizer.json", {"decode_bs": 8, "prefill_tokens": 128, "levels": {
+        "off": {"build_over_off": 1.0, "decode_over_off": 1.0, "prefill_over_off": 1.0},
+        "all": {"build_over_off": 2.5, "decode_over_off": 3.0, "prefill_over_off": 2.0}}})
 
     text = make_report(tmp_path).read_text()
 
     assert "Test GPU" in text and "torch 2.11.0" in text and "CUDA 13.0" in text
-    for heading in ("## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6.", "## 7."):
+    for heading in ("## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6.", "## 7.", "## 8."):
         assert heading in text, heading
     lines = text.splitlines()
 
@@ -82,6 +85,7 @@ def test_report_has_every_section_and_marks_what_falls_short(tmp_path: Path) -> 
     assert row("| 2 |").endswith("| pass |")  # pool ladder 1.1x
     assert "ladder 30.0 MiB, largest alone 10.0 MiB; ladder / largest counting both: 1.273" in text
     assert "`nox -s cpu`, wall time on 2 cores: 7.0 min (target under 10): pass" in text
+    assert row("| all | 2.50x | 3.00x | 2.00x |")
     assert row("| transformers | 9.00x |") and "decode graph 1.50; breakable prefill 2.25" in text
 
 
