@@ -27,8 +27,9 @@ def _decode_variant(device: Any, runner_api: Any, variant: str, kind: str, **kw:
     if variant == "reference":
         return make_runner(device, kind, decode=runner_api.CudaGraphRunner, **kw)
     model_runner_cls, runner_cls, options = DECODE_MUTANTS[variant]
+    # The suite's mutants are never sanitized (--sanitize): see make_runner.
     return make_runner(device, kind, decode=runner_cls, decode_options=options,
-                       model_runner_cls=model_runner_cls, **kw)
+                       model_runner_cls=model_runner_cls, sanitize=False, **kw)
 
 
 def _detected(run: Any, expected: list[torch.Tensor]) -> str | None:
@@ -69,14 +70,11 @@ def test_decode_replay_reads_this_steps_metadata(device, runner_api, variant, ki
                                                 options) -> None:
     expected = run_steps(make_runner(device, kind), _STEPS, _PROMPTS)
     if variant == "reference":
-        def build() -> Any:
-            return make_runner(device, kind, decode=runner_api.CudaGraphRunner,
-                               decode_options=options)
+        runner = make_runner(device, kind, decode=runner_api.CudaGraphRunner,
+                             decode_options=options)
     else:
-        def build() -> Any:
-            return _decode_variant(device, runner_api, variant, kind)
-    # Built inside the detection: with --sanitize a mutant may be caught at capture already.
-    _check(variant, _detected(lambda: run_steps(build(), _STEPS, _PROMPTS), expected))
+        runner = _decode_variant(device, runner_api, variant, kind)
+    _check(variant, _detected(lambda: run_steps(runner, _STEPS, _PROMPTS), expected))
 
 
 def _kv_snapshot(runner: impl.ModelRunner, slots: list[int]) -> dict[str, torch.Tensor]:
@@ -143,7 +141,8 @@ def test_swa_fast_path_records_no_translation(device, runner_api, variant) -> No
     kw: dict[str, Any] = dict(capture_bs=[1])
     decode = runner_api.CudaGraphRunner if variant == "reference" else DECODE_MUTANTS[variant][1]
     runner = make_runner(device, "hybrid_swa", decode=decode,
-                         decode_options={"keep_graph": True}, **kw)
+                         decode_options={"keep_graph": True}, sanitize=variant == "reference",
+                         **kw)
     slow = make_runner(device, "hybrid_swa", decode=runner_api.CudaGraphRunner,
                        decode_options={"keep_graph": True, "swa_fast_path": False}, **kw)
     kv = slow.kv_cache
@@ -177,14 +176,11 @@ def test_prefill_regressions(device, runner_api, variant, kind) -> None:
                               max_context_len=64)
     if variant == "reference":
         prefill = optional_runner(runner_api, "BreakableCudaGraphRunner")
-        model_runner_cls = impl.ModelRunner
+        runner = make_runner(device, kind, prefill=prefill, **kw)
     else:
         model_runner_cls, prefill = PREFILL_MUTANTS[variant]
-
-    def build() -> Any:
-        return make_runner(device, kind, prefill=prefill, model_runner_cls=model_runner_cls,
-                           **kw)
-
+        runner = make_runner(device, kind, prefill=prefill, model_runner_cls=model_runner_cls,
+                             sanitize=False, **kw)
     eager = make_runner(device, kind, **kw)
     steps: list[tuple[str, list[int]]] = []
     prompts: list[list[int]] = []
@@ -194,5 +190,4 @@ def test_prefill_regressions(device, runner_api, variant, kind) -> None:
                                                                            strict=True)]
         steps += [("extend", ids), ("decode", ids), ("release", ids)]
     expected = run_steps(eager, steps, prompts)
-    # Built inside the detection: with --sanitize a mutant may be caught at capture already.
-    _check(variant, _detected(lambda: run_steps(build(), steps, prompts), expected))
+    _check(variant, _detected(lambda: run_steps(runner, steps, prompts), expected))

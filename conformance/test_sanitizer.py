@@ -248,3 +248,41 @@ def test_off_records_no_frame_and_makes_no_second_capture(device) -> None:
             for graph in built.decode_runner.graphs.values():
                 assert all(op.frame is None for op in device.captured_ops(graph))
     assert counts["captures"] == 2 * counts["off"] > 0, counts
+
+
+@pytest.mark.clause("SAN-1", "SAN-2")
+@pytest.mark.capability("simulator")
+@pytest.mark.parametrize(
+    ("variant", "kind", "error"),
+    [
+        ("allocating_metadata", "two_half_metadata", spec.HostValueBaked),
+        ("translation_cache", "hybrid_swa", spec.ReplayDiverged),
+        ("logits_in_graph", "dense", spec.HostValueBaked),
+        ("lazy_upgrade_on_side_stream", "two_half_metadata", spec.ReplayDiverged),
+    ],
+)
+def test_the_suites_field_mutants_are_named_by_the_sanitizer(device, variant, kind,
+                                                             error) -> None:
+    """The field regressions the runner clauses reproduce (``conformance.mutants``): metadata
+    allocated per call (``RUN-6``) and logits taken with the placeholder's rows (``RUN-7``)
+    are baked host values at capture; a data-pointer-keyed translation cache (``RUN-4``) and a
+    lazy metadata upgrade on a side stream (``RUN-8``) diverge at layer 0's KV write. On the
+    simulator only: on CUDA some of them read freed memory."""
+    import functools
+
+    from .mutants import DECODE_MUTANTS, PREFILL_MUTANTS
+
+    if variant in DECODE_MUTANTS:
+        cls, decode, options = DECODE_MUTANTS[variant]
+        build = functools.partial(make_runner, decode=decode, decode_options=options)
+    else:
+        cls, prefill = PREFILL_MUTANTS[variant]
+        build = functools.partial(make_runner, prefill=prefill, max_context_len=64,
+                                  capture_num_tokens=[8, 16, 32, 64])
+    steps: list[tuple[str, list[int]]] = [("extend", [0, 1]), ("decode", [0, 1]),
+                                          ("extend", [2, 3]), ("decode", [0, 1, 2, 3])]
+    with pytest.raises(error) as caught:
+        run_steps(build(device, kind, model_runner_cls=functools.partial(cls, sanitize="all"),
+                        sanitize=False), steps, _PROMPTS)
+    if error is spec.ReplayDiverged:
+        assert caught.value.point == "layer 0 KV write (K)", str(caught.value)
