@@ -55,6 +55,7 @@ from .errors import (
     UnjoinedStream,
     UnsupportedInCapture,
 )
+from .program import OpRecord, TensorRecord
 from .protocol import (
     CaptureErrorMode,
     CaptureScratch,
@@ -67,7 +68,6 @@ from .protocol import (
     check_capture_error_mode,
 )
 from .registry_oracle import OracleContext, OracleSlot, RegistryOracle
-from .program import OpRecord, TensorRecord
 from .runner_config import LAYER_TYPES, LayerType, RunnerConfig
 
 __all__ = [
