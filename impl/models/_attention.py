@@ -49,7 +49,10 @@ class _HostField:
             return self
         if is_recording_segment() and meta.forward_mode.is_extend():
             raise AttentionInSegment(f"a read of AttentionMetadata.{self.name}")
-        return meta.__dict__[self.key]
+        try:
+            return meta.__dict__[self.key]
+        except KeyError:
+            raise AttributeError(self.name) from None
 
     def __set__(self, meta: Any, value: Any) -> None:
         meta.__dict__[self.key] = value

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -85,16 +86,22 @@ def _register() -> None:
     AttentionInterface.register(ATTENTION_FUNCTION, _paged_attention_function)
 
 
+_SWITCH = threading.RLock()
+
+
 @contextlib.contextmanager
 def _attending_through_paged(config: Any) -> Iterator[None]:
     """The model's attention routed to :data:`ATTENTION_FUNCTION` for the body only: the
-    user's model attends as before outside the wrapper's own calls."""
-    before = config._attn_implementation
-    config._attn_implementation = ATTENTION_FUNCTION
-    try:
-        yield
-    finally:
-        config._attn_implementation = before
+    user's model attends as before outside the wrapper's own calls. The switch is an attribute
+    of the shared config, so wrapper calls are serialised by a lock; the user's own calls of
+    the same model must not run concurrently with them."""
+    with _SWITCH:
+        before = config._attn_implementation
+        config._attn_implementation = ATTENTION_FUNCTION
+        try:
+            yield
+        finally:
+            config._attn_implementation = before
 
 
 class _TransformersStack(nn.Module):

@@ -245,6 +245,10 @@ class CudaGraphRunner:
             out_cache_loc=zeros, out_cache_loc_swa=zeros.to(torch.int32),
             attn_backend=self.target.attn_backend, kv_cache=self.target.kv_cache,
         )
+        # The probe's values must not outlive it: later sizes capture over the same buffers.
+        saved = {name: self.registry.get_slot(name).buffer.clone()
+                 for name in self.registry.slot_names()
+                 if isinstance(self.registry.get_slot(name).buffer, torch.Tensor)}
         self.registry.fill_from(
             probe, raw_bs=raw, padded_bs=bs, raw_num_tokens=raw, padded_num_tokens=bs
         )
@@ -257,6 +261,8 @@ class CudaGraphRunner:
             sanitizer.check(graph, second)
         finally:
             second.reset()
+            for name, value in saved.items():
+                self.registry.get_slot(name).buffer.copy_(value)
 
     # -- decision and replay -------------------------------------------------------------------
 

@@ -277,6 +277,10 @@ class BreakableCudaGraphRunner:
     def _probe(self, tokens: int, graph: BreakableCUDAGraph) -> None:
         """The capture diff of ``tokens`` (``SAN-1``): the same capture with
         :meth:`_probe_batch` into a private pool, compared with ``graph``, then reset."""
+        # The probe's values must not outlive it: later sizes capture over the same buffers.
+        saved = {name: self.registry.get_slot(name).buffer.clone()
+                 for name in self.registry.slot_names()
+                 if isinstance(self.registry.get_slot(name).buffer, torch.Tensor)}
         sanitizer = CaptureSanitizer(self.device, self.target.named_tensors(self.registry))
         batch = self._probe_batch(tokens)
         with set_forward_context(batch), sanitizer.recording_frames():
@@ -286,6 +290,8 @@ class BreakableCudaGraphRunner:
             sanitizer.check(graph, second)
         finally:
             second.reset()
+            for name, value in saved.items():
+                self.registry.get_slot(name).buffer.copy_(value)
 
     # -- decision and replay -------------------------------------------------------------------
 

@@ -16,8 +16,8 @@ from ..models import set_forward_context
 __all__ = ["ReplayShadow", "clone_cache"]
 
 _TOLERANCE = {torch.float32: (1e-3, 1e-3), torch.float64: (1e-6, 1e-6)}
-"""``(atol, rtol)`` per dtype of what is compared; other dtypes (bf16, fp16) get
-:data:`_LOW_PRECISION`."""
+"""``(atol, rtol)`` per dtype of the model's activations (``config.kv_dtype``); other dtypes
+(bf16, fp16) get :data:`_LOW_PRECISION`."""
 _LOW_PRECISION = (5e-2, 5e-2)
 
 
@@ -104,9 +104,9 @@ class ReplayShadow:
         if got.numel() == 0:
             return
         diff = (got - want).abs().nan_to_num(float("inf"))
-        bound = atol + rtol * float(want.abs().max())
+        bound = atol + rtol * float(want.abs().nan_to_num(float("inf")).max())
         worst = float(diff.max())
-        if worst > bound:
+        if not worst <= bound or not torch.isfinite(want).all():
             raise ReplayDiverged(point, self.steps, raw, padded, worst, bound)
 
 
