@@ -231,9 +231,9 @@ class CudaGraphRunner:
 
     def _probe(self, bs: int, graph: Any) -> None:
         """The capture diff of size ``bs`` (``SAN-1``): the registry filled with another decode
-        batch (fewer real requests, other positions and lengths), the same capture into a
-        private pool, compared with ``graph``, then reset. Executes nothing: rows and cache
-        locations are the dummy ones."""
+        batch (one real request fewer where ``bs > 1``, other positions and lengths), the same
+        capture into a private pool, compared with ``graph``, then reset, the registry restored.
+        Executes nothing: rows and cache locations are the dummy ones."""
         raw = max(1, bs - 1)
         where = self.device.device
         positions = torch.arange(raw, device=where, dtype=torch.int64) * 3 + 5
@@ -245,24 +245,19 @@ class CudaGraphRunner:
             out_cache_loc=zeros, out_cache_loc_swa=zeros.to(torch.int32),
             attn_backend=self.target.attn_backend, kv_cache=self.target.kv_cache,
         )
-        # The probe's values must not outlive it: later sizes capture over the same buffers.
-        saved = {name: self.registry.get_slot(name).buffer.clone()
-                 for name in self.registry.slot_names()
-                 if isinstance(self.registry.get_slot(name).buffer, torch.Tensor)}
-        self.registry.fill_from(
-            probe, raw_bs=raw, padded_bs=bs, raw_num_tokens=raw, padded_num_tokens=bs
-        )
+
+        def make_batch() -> ForwardBatch:
+            self.registry.fill_from(
+                probe, raw_bs=raw, padded_bs=bs, raw_num_tokens=raw, padded_num_tokens=bs
+            )
+            return self._capture_batch(bs)
+
         sanitizer = CaptureSanitizer(self.device, self.target.named_tensors(self.registry))
-        batch = self._capture_batch(bs)
-        with set_forward_context(batch), sanitizer.recording_frames():
-            self._hooks.call("prepare_capture", self, self._prepare_replay, batch)
-            second, _ = self._capture_graph(batch, self.device.graph_pool_handle())
-        try:
-            sanitizer.check(graph, second)
-        finally:
-            second.reset()
-            for name, value in saved.items():
-                self.registry.get_slot(name).buffer.copy_(value)
+        sanitizer.probe(graph, self.registry, make_batch, self._probe_capture)
+
+    def _probe_capture(self, batch: ForwardBatch) -> Any:
+        self._hooks.call("prepare_capture", self, self._prepare_replay, batch)
+        return self._capture_graph(batch, self.device.graph_pool_handle())[0]
 
     # -- decision and replay -------------------------------------------------------------------
 

@@ -237,9 +237,10 @@ class BreakableCudaGraphRunner:
 
     def _probe_batch(self, tokens: int) -> ForwardBatch:
         """Another placeholder of ``tokens`` tokens: two requests (one when ``tokens`` is 1),
-        the first over a cached prefix, so every per-request host value differs from the
-        one-request placeholder's. Request row 0 and cache slot 0 (the dummy ones): the
-        capture-time calls of breaks write nothing a live request owns."""
+        the first over a cached prefix, so the per-request host values differ from the
+        one-request placeholder's (for one token: its prefix and position). Request row 0 and
+        cache slot 0 (the dummy ones): the capture-time calls of breaks write nothing a live
+        request owns."""
         target, where = self.target, self.device.device
         counts = [tokens] if tokens == 1 else [max(1, tokens // 3), tokens - max(1, tokens // 3)]
         prefix = [2] + [0] * (len(counts) - 1)
@@ -277,21 +278,13 @@ class BreakableCudaGraphRunner:
     def _probe(self, tokens: int, graph: BreakableCUDAGraph) -> None:
         """The capture diff of ``tokens`` (``SAN-1``): the same capture with
         :meth:`_probe_batch` into a private pool, compared with ``graph``, then reset."""
-        # The probe's values must not outlive it: later sizes capture over the same buffers.
-        saved = {name: self.registry.get_slot(name).buffer.clone()
-                 for name in self.registry.slot_names()
-                 if isinstance(self.registry.get_slot(name).buffer, torch.Tensor)}
         sanitizer = CaptureSanitizer(self.device, self.target.named_tensors(self.registry))
-        batch = self._probe_batch(tokens)
-        with set_forward_context(batch), sanitizer.recording_frames():
-            self._hooks.call("prepare_capture", self, self._prepare_replay, batch)
-            second, _ = self._capture_graph(batch, self.device.graph_pool_handle())
-        try:
-            sanitizer.check(graph, second)
-        finally:
-            second.reset()
-            for name, value in saved.items():
-                self.registry.get_slot(name).buffer.copy_(value)
+        sanitizer.probe(graph, self.registry, lambda: self._probe_batch(tokens),
+                        self._probe_capture)
+
+    def _probe_capture(self, batch: ForwardBatch) -> BreakableCUDAGraph:
+        self._hooks.call("prepare_capture", self, self._prepare_replay, batch)
+        return self._capture_graph(batch, self.device.graph_pool_handle())[0]
 
     # -- decision and replay -------------------------------------------------------------------
 

@@ -86,6 +86,27 @@ class CaptureSanitizer:
             return None
         return first_name_difference(names_a, names_b)
 
+    def probe(self, graph: Any, registry: Any, make_batch: Callable[[], Any],
+              capture: Callable[[Any], Any]) -> None:
+        """A runner's capture diff: ``make_batch()`` (which may fill ``registry`` with another
+        placeholder) gives the probe batch, ``capture(batch)`` captures it into a private pool
+        (forward context set, frames recorded) and returns the graph, compared with ``graph``
+        (:meth:`check`) and reset. The registry's slot buffers are restored afterwards: later
+        sizes capture over the same buffers."""
+        saved = {name: registry.get_slot(name).buffer.clone() for name in registry.slot_names()
+                 if isinstance(registry.get_slot(name).buffer, torch.Tensor)}
+        try:
+            batch = make_batch()
+            with set_forward_context(batch), self.recording_frames():
+                second = capture(batch)
+            try:
+                self.check(graph, second)
+            finally:
+                second.reset()
+        finally:
+            for name, value in saved.items():
+                registry.get_slot(name).buffer.copy_(value)
+
     def check(self, graph: Any, probe: Any,
               named_probe: Mapping[str, torch.Tensor] | None = None) -> None:
         """Raise the :class:`spec.HostValueBaked` of the first difference, if any."""
