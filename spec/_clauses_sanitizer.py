@@ -18,8 +18,9 @@ define(
             reports recorded programs; on one that shows only kernel names (CUDA), a
             difference in work items or kernels. impl.capture_diff does the same for any
             function."""),
-        ("SAN-2", "", """With sanitize="replays" (or "all"), every replay of the decode runner,
-            the breakable prefill runner and the manager's routes is checked against the same
+        ("SAN-2", "", """With sanitize="replays" (or "all"), every replay a ModelRunner serves
+            (decode runner, breakable prefill runner) and every graph route of the manager is
+            checked against the same
             batch run eagerly with a second attention backend over a clone of the KV cache:
             a replay whose KV writes (per layer, in order) or logits differ beyond the dtype's
             tolerance raises ReplayDiverged naming the first diverging point, the step, the
