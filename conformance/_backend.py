@@ -41,6 +41,7 @@ Capability = Literal[
     "stream_order",
     "scratch_tracking",
     "recorded_programs",
+    "multi_rank",
 ]
 """What a backend can show, beyond the protocol every backend keeps:
 
@@ -77,6 +78,11 @@ Capability = Literal[
   issued each (``record_frames``), so the capture sanitizer sees scalars, shapes, offsets and
   host constants baked into a graph (``SAN-1``); without it the sanitizer compares only what
   ``graph_op_names`` shows (kernel names and counts on CUDA).
+- ``multi_rank``: the backend runs several ranks in one process (:func:`fakes.run_ranks`:
+  ranks as threads, each with its own device, over a :class:`fakes.FakeProcessGroup` that
+  matches every rank's collectives and names a disagreement as
+  :class:`spec.CollectiveMismatch` instead of hanging), so the tensor-parallel scenarios
+  (``TP-*``) run; on GPUs they run in ``nox -s gpu2`` (one process per GPU, NCCL).
 """
 
 CAPABILITIES: Final[frozenset[str]] = frozenset(get_args(Capability))
@@ -271,7 +277,7 @@ def _fake() -> Backend:
         lambda: spec.get_device("fake"),
         frozenset({"hazard_errors", "exact_capture_errors", "aten_op_names", "unsupported_ops",
                    "node_count", "simulator", "launch_structure", "stream_order",
-                   "scratch_tracking", "recorded_programs"}),
+                   "scratch_tracking", "recorded_programs", "multi_rank"}),
         registry=impl,
         breakable=impl,
         runners=impl,

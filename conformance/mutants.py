@@ -72,6 +72,7 @@ __all__ = [
     "MUTANTS",
     "PREFILL_MUTANTS",
     "REGISTRY_MUTANTS",
+    "TP_MUTANTS",
     "mutant_api",
     "mutant_capture",
 ]
@@ -529,3 +530,108 @@ PREFILL_MUTANTS: Final[dict[str, tuple[Callable[..., Any], Callable[..., Any]]]]
 }
 """Prefill-runner mutant name -> (model runner factory, prefill runner factory)."""
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor-parallel runner mutants (TP-2 .. TP-6): each breaks one lockstep rule on one rank
+# ---------------------------------------------------------------------------------------------
+
+
+class _PadsByLocalCount(impl.CudaGraphRunner):
+    """Pads by this rank's own batch size, unchecked: a rank whose count differs replays
+    another graph (vLLM #25906, the dummy run that dispatched on its local token count)."""
+
+    def decide(self, batch: Any) -> int | None:
+        return self.local_key(batch)
+
+
+class _PlaceholderDiffers(impl.CudaGraphRunner):
+    """Rank 1 captures every size with the largest size's placeholder (TensorRT-LLM #14986:
+    one rank captured with another batch than the others)."""
+
+    def placeholder(self, bs: int) -> Any:
+        rank = self.communicator.rank if self.communicator is not None else 0
+        return super().placeholder(self.max_bs if rank == 1 else bs)
+
+
+class _CaptureSkipped(impl.CudaGraphRunner):
+    """Rank 1 captures no graph for the second size (TensorRT-LLM #14986, with none)."""
+
+    def capture_one(self, bs: int) -> None:
+        rank = self.communicator.rank if self.communicator is not None else 0
+        if not (rank == 1 and bs == self.capture_order()[1]):
+            super().capture_one(bs)
+
+
+class _WithoutBarrier:
+    """A communicator whose barrier does nothing (every other call goes to ``inner``)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.rank, self.world_size = inner.rank, inner.world_size
+
+    def barrier(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _CaptureOrderDiffers(impl.CudaGraphRunner):
+    """No barrier between sizes, and rank 1 captures smallest first (pegainfer #496)."""
+
+    def __init__(self, target: Any, **options: Any) -> None:
+        super().__init__(target, communicator=_WithoutBarrier(target.communicator), **options)
+
+    def capture_order(self) -> list[int]:
+        order = super().capture_order()
+        return order[::-1] if self.communicator.rank == 1 else order
+
+
+class _EagerOnOneRank(impl.BreakableCudaGraphRunner):
+    """The decision is checked, then rank 1 consults a rank-local policy of its own (it
+    declines padded replays) and runs eagerly while the others replay (pegainfer #498)."""
+
+    def decide(self, batch: Any) -> int | None:
+        key = super().decide(batch)
+        if self.communicator.rank == 1 and key != batch.num_tokens:
+            return None
+        return key
+
+
+def _warmup_on_rank_0(runner: Any, proceed: Any, batch: Any) -> None:
+    # One more eager forward before capture on rank 0 only: its collectives have no partner
+    # (ScaleLLM #131, a capture stuck with several GPUs).
+    proceed(batch)
+    if runner.communicator.rank == 0:
+        runner.target.forward(batch)
+
+
+TP_MUTANTS: Final[dict[str, tuple[str, str, dict[str, Callable[..., Any]]]]] = {
+    "pads_by_local_count": ("TP-2", "vLLM #25906", {
+        "decode_runner": lambda mr, sizes: _PadsByLocalCount(mr.graph_target(), capture_bs=sizes),
+    }),
+    "placeholder_differs": ("TP-3", "TensorRT-LLM #14986", {
+        "decode_runner": lambda mr, sizes: _PlaceholderDiffers(
+            mr.graph_target(), capture_bs=sizes),
+    }),
+    "capture_skipped": ("TP-3", "TensorRT-LLM #14986", {
+        "decode_runner": lambda mr, sizes: _CaptureSkipped(mr.graph_target(), capture_bs=sizes),
+    }),
+    "capture_order_differs": ("TP-4", "pegainfer #496", {
+        "decode_runner": lambda mr, sizes: _CaptureOrderDiffers(
+            mr.graph_target(), capture_bs=sizes),
+    }),
+    "eager_on_one_rank": ("TP-5", "pegainfer #498", {
+        "prefill_runner": lambda mr, sizes: _EagerOnOneRank(
+            mr.graph_target(), capture_num_tokens=sizes),
+    }),
+    "warmup_on_one_rank": ("TP-6", "ScaleLLM #131", {
+        "decode_runner": lambda mr, sizes: impl.CudaGraphRunner(
+            mr.graph_target(), capture_bs=sizes, hooks={"prepare_capture": _warmup_on_rank_0}),
+    }),
+}
+"""Tensor-parallel mutant name -> (the clause it breaks, the field bug, ``ModelRunner``
+runner factories). Each is a reference runner with one public method overridden (or a hook)
+so that one rank leaves the lockstep; on the multi-rank fake each is named as a
+:class:`spec.CollectiveMismatch` on every rank."""

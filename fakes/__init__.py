@@ -9,6 +9,7 @@ import spec as _spec
 from spec import GraphState
 
 from ._allocator import FakePool, is_poisoned, poison_value
+from ._collectives import FakeCommunicator, FakeProcessGroup, RankContext, run_ranks
 from ._device import FakeDevice, FakeDeviceInfo, WeakTensorRef
 from ._graph import FakeCUDAGraph
 from ._mode import Recorder
@@ -21,18 +22,22 @@ _spec.register_device("fake", FakeDevice)
 __all__ = [
     "FakeCUDAGraph",
     "FakeCaptureScratch",
+    "FakeCommunicator",
     "FakeDevice",
     "FakeDeviceInfo",
     "FakeEvent",
     "FakePool",
+    "FakeProcessGroup",
     "FakeStream",
     "GraphState",
     "OpInfo",
     "OpKind",
+    "RankContext",
     "Recorder",
     "WeakTensorRef",
     "classify_op",
     "is_poisoned",
     "poison_value",
     "register_op_handler",
+    "run_ranks",
 ]

@@ -329,6 +329,11 @@ class FakeDevice:
         values."""
         return program_records(self._program_of(graph))
 
+    def replaying_graph(self) -> FakeCUDAGraph | None:
+        """The graph whose replay runs on this thread now (its recorded ops are executing), or
+        ``None``: what a collective run by a replay reports as its origin (``TP-7``)."""
+        return getattr(self._tls, "replaying", None)
+
     # -- weak references ----------------------------------------------------------------------
 
     def weak_ref_tensor(self, tensor: torch.Tensor) -> WeakTensorRef:
@@ -541,6 +546,17 @@ class FakeDevice:
                 UnsupportedInCapture("CUDAGraph.replay", detail="replay inside a capture"),
             )
         return stream
+
+    @contextlib.contextmanager
+    def _replaying(self, graph: FakeCUDAGraph) -> Iterator[None]:
+        """Mark ``graph`` as the graph this thread replays for the body (see
+        :meth:`replaying_graph`)."""
+        previous = getattr(self._tls, "replaying", None)
+        self._tls.replaying = graph
+        try:
+            yield
+        finally:
+            self._tls.replaying = previous
 
     def _replayed(self) -> None:
         """Count a completed replay (``cache_info().replays``)."""

@@ -260,7 +260,8 @@ class FakeCUDAGraph:
         if program is None:
             raise GraphNotReady(f"replay() on {self!r}", state=self.state)
         device = self._device
-        program.replay(device._replay_stream(), device._order, f"{self!r}.replay()")
+        with device._replaying(self):
+            program.replay(device._replay_stream(), device._order, f"{self!r}.replay()")
         device._replayed()
 
     def reset(self) -> None:

@@ -11,6 +11,7 @@ from . import (  # noqa: F401
     _clauses_errors,
     _clauses_lifecycle,
     _clauses_models,
+    _clauses_parallel,
     _clauses_registry,
     _clauses_runners,
     _clauses_sanitizer,
@@ -36,6 +37,8 @@ from .errors import (
     AttentionInSegment,
     CaptureError,
     CaptureInvalidated,
+    CollectiveMismatch,
+    DecisionMismatch,
     DefaultStreamCapture,
     FreedMemoryAccess,
     GraphError,
@@ -55,6 +58,7 @@ from .errors import (
     UnjoinedStream,
     UnsupportedInCapture,
 )
+from .parallel import CollectiveKind, CollectiveMode, CollectiveRecord, Communicator
 from .program import OpRecord, TensorRecord
 from .protocol import (
     CaptureErrorMode,
@@ -77,8 +81,14 @@ __all__ = [
     "CaptureError",
     "CaptureErrorMode",
     "CaptureInvalidated",
+    "CollectiveKind",
+    "CollectiveMismatch",
+    "CollectiveMode",
+    "CollectiveRecord",
+    "Communicator",
     "CaptureScratch",
     "Clause",
+    "DecisionMismatch",
     "DefaultStreamCapture",
     "DeviceModule",
     "EventLike",

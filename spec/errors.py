@@ -21,6 +21,8 @@ __all__ = [
     "AttentionInSegment",
     "CaptureError",
     "CaptureInvalidated",
+    "CollectiveMismatch",
+    "DecisionMismatch",
     "DefaultStreamCapture",
     "FreedMemoryAccess",
     "GraphError",
@@ -460,4 +462,70 @@ class StreamRace(GraphError):
         super().__init__(
             f"stream race: {op} on {stream} {access}s {block}, last written{by} on {writer} "
             f"with no wait between them", detail=detail,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Ranks
+# ---------------------------------------------------------------------------------------------
+
+
+class CollectiveMismatch(GraphError):
+    """Ranks issued different collectives at the same point of their sequences: what a real
+    process group turns into a hang with no message (``TP-7``).
+
+    Raised on every rank, by a multi-rank device (the fake's ranks as threads) that matches each
+    rank's ``index``-th communicator call: another op, another shape or dtype, one rank replaying
+    a graph while another runs eagerly or captures, or a rank that left the group (returned or
+    raised: ``left``, rank -> how) while others wait for its ``index``-th call. ``sequences``
+    holds, per rank, its :class:`spec.CollectiveRecord` calls up to and including ``index``
+    (fewer for a rank that left); the message shows the last few of each.
+
+    Usual causes: ranks that pad to different sizes (decide from every rank's counts), a rank
+    that captures another size or none, capture orders that differ, a rank that falls back to
+    eager while the others replay, a collective issued in one rank's warm-up only.
+    """
+
+    clause = "TP-7"
+
+    def __init__(
+        self,
+        index: int | None = None,
+        sequences: tuple[tuple[Any, ...], ...] = (),
+        left: dict[int, str] | None = None,
+        *,
+        detail: str | None = None,
+    ) -> None:
+        self.index = index
+        self.sequences = sequences
+        self.left = dict(left or {})
+        lines = [f"ranks disagree at collective #{index}" if index is not None
+                 else "ranks disagree"]
+        for rank, seq in enumerate(sequences):
+            shown = [r.describe() for r in seq[-3:]]
+            if rank in self.left:
+                shown.append(f"left the group ({self.left[rank]})")
+            elif index is not None and len(seq) <= index:
+                shown.append("(no call yet)")
+            lines.append(f"  rank {rank}: " + "; ".join(shown or ["no collective"]))
+        super().__init__("\n".join(lines), detail=detail)
+
+
+class DecisionMismatch(CollectiveMismatch):
+    """Ranks cannot take one decision for a step (``TP-2``): their batches are of different
+    kinds (one rank decodes while another extends), or their runners differ (other capture
+    ladders). Raised on every rank from the exchanged host values, before anything launches.
+    ``decisions`` holds what each rank brought, in rank order; ``what`` names the decision."""
+
+    clause = "TP-2"
+
+    def __init__(
+        self, what: str = "", decisions: tuple[Any, ...] = (), *, detail: str | None = None
+    ) -> None:
+        self.what = what
+        self.decisions = decisions
+        self.index, self.sequences, self.left = None, (), {}
+        shown = "; ".join(f"rank {r}: {d!r}" for r, d in enumerate(decisions))
+        GraphError.__init__(
+            self, f"ranks cannot agree on {what or 'a decision'}: {shown}", detail=detail
         )

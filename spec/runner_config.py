@@ -45,6 +45,9 @@ class RunnerConfig:
         draft: a draft model fed the target's hidden states (``batch.hidden_states``); the
             prefill registry then carries a ``hidden_states`` slot.
         kv_dtype: the dtype of the KV cache (the model's activations).
+        tensor_parallel_size: ranks the model is sharded over; the heads, state and
+            intermediate sizes above are one rank's share (``num_heads`` of its query heads).
+            Above 1, the runners need a communicator of that world size (``TP-8``).
 
     :class:`ValueError` / :class:`TypeError` naming the field for an inconsistent config.
     """
@@ -63,6 +66,7 @@ class RunnerConfig:
     recurrent_state_dtype: torch.dtype | None = None
     draft: bool = False
     kv_dtype: torch.dtype = torch.float32
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layer_types", tuple(self.layer_types))
@@ -72,7 +76,8 @@ class RunnerConfig:
         unknown = sorted({t for t in self.layer_types if t not in LAYER_TYPES})
         if unknown:
             raise ValueError(f"layer_types holds {unknown}; known: {LAYER_TYPES}")
-        for name in ("num_heads", "num_kv_heads", "head_dim", "hidden_size", "vocab_size"):
+        for name in ("num_heads", "num_kv_heads", "head_dim", "hidden_size", "vocab_size",
+                     "tensor_parallel_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")

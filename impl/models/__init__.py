@@ -5,7 +5,7 @@ from ._attention import AttentionMetadata, TorchAttentionBackend
 from ._batch import ForwardBatch, ForwardMode
 from ._context import ForwardContext, get_forward_context, set_forward_context
 from ._kv_cache import HybridSWAKVCache, KVCache
-from ._layers import paged_attention
+from ._layers import AttentionMixer, DecoderLayer, RecurrentMixer, SwiGLU, paged_attention
 from ._model import CausalLM, LayerStack, ModelConfig, ModelKind, build_model
 from ._transformers import (
     ATTENTION_FUNCTION,
@@ -17,16 +17,20 @@ from ._transformers import (
 __all__ = [
     "ATTENTION_FUNCTION",
     "AttentionMetadata",
+    "AttentionMixer",
     "CausalLM",
+    "DecoderLayer",
     "ForwardBatch",
     "ForwardContext",
     "ForwardMode",
     "HybridSWAKVCache",
     "KVCache",
     "LayerStack",
+    "RecurrentMixer",
     "ModelConfig",
     "ModelKind",
     "SUPPORTED_MODEL_TYPES",
+    "SwiGLU",
     "TorchAttentionBackend",
     "TransformersModel",
     "build_model",

@@ -8,6 +8,7 @@ the LM head).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -34,6 +35,8 @@ ModelKind = Literal["dense", "hybrid_swa", "recurrent", "two_half_metadata", "dr
 """
 
 _KINDS = get_args(ModelKind)
+
+_SEEDED = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,10 @@ def build_model(
     ``head_dim`` defaults to ``hidden_size // num_heads``, ``intermediate_size`` to twice the
     hidden size; ``hybrid_swa`` needs ``sliding_window``. ``long_rope_threshold`` turns on the
     LongRoPE-style switch of the rotary embedding (see ``RUN-3``). The same arguments and seed
-    give the same weights on every device.
+    give the same weights on every device, and on every thread: the seeded draws from torch's
+    process-wide generator are serialised, so ranks of the multi-rank fake may build their
+    models at once (a thread drawing random numbers meanwhile outside ``build_model`` would
+    still shift them).
     """
     if kind not in _KINDS:
         raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
@@ -220,16 +226,20 @@ def build_model(
         sliding_window=sliding_window if kind == "hybrid_swa" else None, layer_types=types,
         long_rope_threshold=long_rope_threshold,
     )
-    generator_state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(seed)
-        model = CausalLM(config)
-        with torch.no_grad():
-            for param in model.parameters():
-                if param.dim() >= 2:
-                    param.normal_(0.0, 1.0 / (param.shape[-1] ** 0.5))
-    finally:
-        torch.random.set_rng_state(generator_state)
+    # The seeded draws use the process-wide CPU generator, seeded then restored: under a lock,
+    # so that models built on several threads at once (ranks of the multi-rank fake) each get
+    # their seed's weights.
+    with _SEEDED:
+        generator_state = torch.random.get_rng_state()
+        try:
+            torch.manual_seed(seed)
+            model = CausalLM(config)
+            with torch.no_grad():
+                for param in model.parameters():
+                    if param.dim() >= 2:
+                        param.normal_(0.0, 1.0 / (param.shape[-1] ** 0.5))
+        finally:
+            torch.random.set_rng_state(generator_state)
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
     for module in model.modules():
         if isinstance(module, Rotary):

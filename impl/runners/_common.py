@@ -5,8 +5,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["RunnerStats", "StatsCounter", "check_sizes", "pad_to_captured"]
+__all__ = [
+    "RunnerStats", "StatsCounter", "check_communicator", "check_sizes", "pad_to_captured",
+]
 
 
 @dataclass(frozen=True)
@@ -53,3 +56,23 @@ def pad_to_captured(ladder: Sequence[int], n: int) -> int | None:
     """The smallest captured size ``>= n`` (``bisect_left``), ``None`` above the largest."""
     i = bisect.bisect_left(ladder, n)
     return ladder[i] if i < len(ladder) else None
+
+
+def check_communicator(name: str, communicator: Any, tensor_parallel_size: int) -> Any:
+    """``communicator`` for a model sharded over ``tensor_parallel_size`` ranks (``TP-8``):
+    :class:`ValueError` naming ``name`` when a sharded model has none, or when its world size
+    is another; ``None`` stays ``None`` for a one-rank model."""
+    if communicator is None:
+        if tensor_parallel_size > 1:
+            raise ValueError(
+                f"{name}: the model is sharded over {tensor_parallel_size} ranks; pass "
+                "communicator= (a spec.Communicator) so that every rank takes the same decisions"
+            )
+        return None
+    world = getattr(communicator, "world_size", None)
+    if world != tensor_parallel_size:
+        raise ValueError(
+            f"{name}: communicator has world size {world!r}, the model is sharded over "
+            f"{tensor_parallel_size} ranks"
+        )
+    return communicator

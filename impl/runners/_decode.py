@@ -11,9 +11,16 @@ import torch
 
 from .._hooks import RemovableHandle, StepHooks
 from ..models import ForwardBatch, ForwardMode, set_forward_context
+from ..parallel import StepDecision, agree_on_step, check_same
 from ..registry import CudaGraphBufferRegistry, build_decode_registry
 from ..sanitizer import CaptureSanitizer, SanitizeLevel, check_sanitize
-from ._common import RunnerStats, StatsCounter, check_sizes, pad_to_captured
+from ._common import (
+    RunnerStats,
+    StatsCounter,
+    check_communicator,
+    check_sizes,
+    pad_to_captured,
+)
 from ._target import GraphTarget, as_graph_target
 
 __all__ = ["CudaGraphRunner", "DecodeEntry", "default_decode_sizes"]
@@ -54,7 +61,9 @@ class CudaGraphRunner:
        graph (``metadata_in_graph=True``; ``RUN-5``), so a replay needs only the host half.
     2. :meth:`decide` is the one decision per step: the padded size (``bisect_left``) of a
        batch :meth:`can_run` accepts, else ``None`` (counted in ``stats.eager_fallbacks``); the
-       caller runs a ``None`` batch eagerly.
+       caller runs a ``None`` batch eagerly. Under tensor parallelism the decision is checked
+       collectively (``TP-2``, ``TP-5``): every rank's batch and decision are exchanged on the
+       host, and ranks that differ get :class:`spec.DecisionMismatch` before any launch.
     3. :meth:`run` trusts the key: fills the registry (pad rows reset per slot policy: request
        0, cache location 0, the dummy slot; ``RUN-2``, ``RUN-3``), runs the out-of-graph half
        on the padded view, replays, and returns the logits of the ``raw_bs`` real requests (a
@@ -85,6 +94,10 @@ class CudaGraphRunner:
         hooks: step name -> hook, registered before the capture (:meth:`register_hook`).
         sanitize: with ``"captures"`` or ``"all"``, a capture diff of every size (``SAN-1``;
             default: the target's level).
+        communicator: this rank's :class:`spec.Communicator` for a tensor-parallel model
+            (default the target's): the ladder and warm-ups are checked equal on every rank
+            (``TP-3``, ``TP-6``), a barrier precedes each size's capture (``TP-4``), and
+            :meth:`decide` is collective.
 
     **Hooks** (:meth:`register_hook`; each ``hook(runner, proceed, *args)``): ``build_registry()``
     returns the registry; ``static_swa_loc()`` returns the context manager around warmup and
@@ -109,8 +122,14 @@ class CudaGraphRunner:
         keep_graph: bool = False,
         hooks: Mapping[str, Callable[..., Any]] | None = None,
         sanitize: SanitizeLevel | None = None,
+        communicator: Any = None,
     ) -> None:
         self.target: GraphTarget = as_graph_target(target)
+        self.communicator = check_communicator(
+            "CudaGraphRunner",
+            self.target.communicator if communicator is None else communicator,
+            self.target.config.tensor_parallel_size,
+        )
         self.sanitize = self.target.sanitize if sanitize is None else check_sanitize(sanitize)
         self.device = self.target.device
         limit = self.target.max_bs
@@ -129,6 +148,9 @@ class CudaGraphRunner:
         self.registry: CudaGraphBufferRegistry = self._hooks.call(
             "build_registry", self, self._build_registry
         )
+        if self.communicator is not None:
+            check_same(self.communicator, "the decode capture ladder and warm-ups",
+                       (self.capture_bs, self.num_warmups, self.metadata_in_graph))
         self.capture()
 
     def register_hook(self, step: str, hook: Callable[..., Any]) -> RemovableHandle:
@@ -185,7 +207,9 @@ class CudaGraphRunner:
 
     # -- capture -------------------------------------------------------------------------------
 
-    def _capture_batch(self, bs: int) -> ForwardBatch:
+    def placeholder(self, bs: int) -> ForwardBatch:
+        """The batch size ``bs`` is captured with: ``bs`` rows of registry views (what replay
+        fills)."""
         target = self.target
         empty = torch.zeros(0, dtype=torch.int64, device=self.device.device)
         template = ForwardBatch(
@@ -197,19 +221,29 @@ class CudaGraphRunner:
             padded_bs=bs, padded_num_tokens=bs, forward_batch_template=template
         )
 
+    def capture_order(self) -> list[int]:
+        """The sizes in the order :meth:`capture` captures them: largest first."""
+        return list(reversed(self.capture_bs))
+
     def capture(self) -> None:
-        """Capture every size, largest first (see the class docstring)."""
+        """Capture every size of :meth:`capture_order` (see the class docstring); under
+        tensor parallelism a barrier of every rank precedes each size (``TP-4``)."""
         device, stream = self.device, self.target.stream
         with self._hooks.call("static_swa_loc", self, self._static_swa_loc):
             stream.wait_stream(device.current_stream())
             with device.stream(stream):
-                for bs in reversed(self.capture_bs):
-                    self._capture_one(bs)
+                for bs in self.capture_order():
+                    if self.communicator is not None:
+                        self.communicator.barrier()
+                    self.capture_one(bs)
             device.current_stream().wait_stream(stream)
 
-    def _capture_one(self, bs: int) -> None:
+    def capture_one(self, bs: int) -> None:
+        """Capture size ``bs``: the metadata's host half on :meth:`placeholder`, the warm-ups,
+        the graph (then its capture diff, when sanitized). Called by :meth:`capture`, on the
+        capture stream."""
         hooks = self._hooks
-        batch = self._capture_batch(bs)
+        batch = self.placeholder(bs)
         with set_forward_context(batch):
             hooks.call("prepare_capture", self, self._prepare_replay, batch)
             for _ in range(self.num_warmups):
@@ -250,7 +284,7 @@ class CudaGraphRunner:
             self.registry.fill_from(
                 probe, raw_bs=raw, padded_bs=bs, raw_num_tokens=raw, padded_num_tokens=bs
             )
-            return self._capture_batch(bs)
+            return self.placeholder(bs)
 
         sanitizer = CaptureSanitizer(self.device, self.target.named_tensors(self.registry))
         sanitizer.probe(graph, self.registry, make_batch, self._probe_capture)
@@ -269,16 +303,30 @@ class CudaGraphRunner:
             and batch.num_tokens == batch.batch_size
         )
 
-    def _key(self, batch: ForwardBatch) -> int | None:
+    def local_key(self, batch: ForwardBatch) -> int | None:
+        """The captured size that serves ``batch`` on this rank alone, or ``None``."""
         return pad_to_captured(self.capture_bs, batch.batch_size) if self.can_run(batch) else None
 
     def decide(self, batch: ForwardBatch) -> int | None:
         """The captured size that serves ``batch``, or ``None`` (counted as a declined batch in
-        ``stats.eager_fallbacks``; the caller runs it eagerly). Host values only."""
-        key = self._key(batch)
+        ``stats.eager_fallbacks``; the caller runs it eagerly). Host values only.
+
+        With a communicator, collective: every rank's batch and decision are exchanged on the
+        host, and :class:`spec.DecisionMismatch` is raised on every rank, before anything
+        launches, unless all are the same (``TP-2``, ``TP-5``)."""
+        if self.communicator is None:
+            key = self.local_key(batch)
+        else:
+            key = self._agreed_key(batch)
         if key is None:
             self._counter.eager_fallbacks += 1
         return key
+
+    def _agreed_key(self, batch: ForwardBatch) -> int | None:
+        key = self.local_key(batch)
+        return agree_on_step(self.communicator, StepDecision(
+            "decode", batch.forward_mode.name, batch.batch_size, batch.num_tokens, key
+        ))
 
     def run(self, bs: int, batch: ForwardBatch) -> torch.Tensor:
         """Replay the graph of captured size ``bs`` (from :meth:`decide`) with ``batch`` padded
@@ -296,7 +344,7 @@ class CudaGraphRunner:
 
     def replay(self, batch: ForwardBatch) -> torch.Tensor:
         """:meth:`run` of the size that serves ``batch``; :class:`ValueError` when none does."""
-        bs = self._key(batch)
+        bs = self.local_key(batch)
         if bs is None:
             raise ValueError(
                 f"batch of {batch.batch_size} requests in mode {batch.forward_mode.name} cannot "
@@ -309,3 +357,10 @@ class CudaGraphRunner:
         forward for a declined batch."""
         bs = self.decide(batch)
         return self.target.forward(batch) if bs is None else self.run(bs, batch)
+
+    def close(self) -> None:
+        """Reset and drop every graph (``TP-8``: before the process group is destroyed); the
+        runner serves nothing after."""
+        for entry in self.entries.values():
+            entry.graph.reset()
+        self.entries.clear()

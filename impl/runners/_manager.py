@@ -148,6 +148,10 @@ class CudaGraphManager:
     most doubles the work). :meth:`run` trusts it: FULL replays the full graph of its
     descriptor, PIECEWISE the breakable graph, NONE runs eagerly. :meth:`execute` is both. A
     full graph never breaks (``RUN-10``).
+
+    One rank only: a model sharded over several ranks (``tensor_parallel_size`` above 1) is
+    refused with :class:`NotImplementedError`; :class:`~impl.ModelRunner`'s runners take a
+    communicator.
     """
 
     def __init__(
@@ -160,6 +164,11 @@ class CudaGraphManager:
         sanitize: SanitizeLevel | None = None,
     ) -> None:
         self.target: GraphTarget = as_graph_target(target)
+        if self.target.config.tensor_parallel_size > 1:
+            raise NotImplementedError(
+                "CudaGraphManager runs one rank; a tensor-parallel model's graphs need the "
+                "collective decisions of ModelRunner's runners (communicator=)"
+            )
         self.sanitize = self.target.sanitize if sanitize is None else check_sanitize(sanitize)
         self._shadow = (
             ReplayShadow(self.target) if self.sanitize in ("replays", "all") else None

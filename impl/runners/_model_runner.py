@@ -17,7 +17,7 @@ from spec import DeviceModule, RunnerConfig
 from ..breakable import default_capture_stream
 from ..models import ForwardBatch, ForwardMode, HybridSWAKVCache, KVCache, TorchAttentionBackend
 from ..sanitizer import ReplayShadow, SanitizeLevel, check_sanitize
-from ._common import RunnerStats
+from ._common import RunnerStats, check_communicator
 from ._decode import CudaGraphRunner
 from ._prefill import BreakableCudaGraphRunner
 from ._target import GraphTarget
@@ -116,6 +116,12 @@ class ModelRunner:
             ``"captures"`` makes a capture diff of every captured size (``SAN-1``:
             :class:`spec.HostValueBaked` at construction), ``"replays"`` checks every replay
             against an eager shadow (``SAN-2``: :class:`spec.ReplayDiverged`), ``"all"`` both.
+        communicator: this rank's :class:`spec.Communicator`, required for a model sharded over
+            several ranks (``runner_config.tensor_parallel_size``, e.g. from
+            :func:`impl.shard_model`) and of that world size (``TP-8``). Every rank builds its
+            model runner with the same arguments and steps through the same requests; the
+            graph runners then capture, warm up and decide in lockstep (``TP-2`` .. ``TP-6``).
+            :meth:`close` releases the graphs before the process group is destroyed.
 
     :meth:`forward` decides once per step which runner serves a batch (its ``decide``, or a
     third party's gate ``runner(batch)``) and runs a declined batch eagerly itself. With every
@@ -142,6 +148,7 @@ class ModelRunner:
         decode_runner: Callable[[ModelRunner, Sequence[int] | None], Any] | None = None,
         prefill_runner: Callable[[ModelRunner, Sequence[int] | None], Any] | None = None,
         sanitize: SanitizeLevel = "off",
+        communicator: Any = None,
     ) -> None:
         for name, value in (("max_running_requests", max_running_requests),
                             ("max_total_tokens", max_total_tokens)):
@@ -163,6 +170,8 @@ class ModelRunner:
                 "(a spec.RunnerConfig) or pass model_config= (a config attribute, such as a "
                 "transformers PretrainedConfig, is never read)"
             )
+        communicator = check_communicator("ModelRunner", communicator,
+                                          config.tensor_parallel_size)
         self.model = model
         self.config = config
         self.device = device
@@ -184,6 +193,7 @@ class ModelRunner:
             stream=default_capture_stream(device), max_bs=max_running_requests,
             max_context_len=self.max_context_len, max_total_tokens=max_total_tokens,
             sanitize=sanitize, make_backend=lambda kv: make_backend(kv, config),
+            communicator=communicator,
         )
         self._shadow = (
             ReplayShadow(self._target) if sanitize in ("replays", "all") else None
@@ -217,6 +227,22 @@ class ModelRunner:
     def capture_stream(self) -> Any:
         """The one capture stream of every graph of this runner."""
         return self._target.stream
+
+    @property
+    def communicator(self) -> Any:
+        """This rank's communicator (``None`` on one rank)."""
+        return self._target.communicator
+
+    def close(self) -> None:
+        """Release every graph of the graph runners (their ``close()``); later steps run
+        eagerly. Call it before destroying the process group a tensor-parallel model's graphs
+        captured collectives of (``TP-8``)."""
+        for name in ("decode_runner", "prefill_runner"):
+            runner = getattr(self, name)
+            close = getattr(runner, "close", None)
+            if callable(close):
+                close()
+            setattr(self, name, None)
 
     def _make_kv_cache(self, make: KVCacheFactory) -> KVCache:
         config = self.config

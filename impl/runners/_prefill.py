@@ -11,9 +11,16 @@ import torch
 from .._hooks import RemovableHandle, StepHooks
 from ..breakable import BreakableCUDAGraph, BreakableCUDAGraphCapture, enable_breakable_cuda_graph
 from ..models import ForwardBatch, ForwardMode, set_forward_context
+from ..parallel import StepDecision, agree_on_step, check_same
 from ..registry import CudaGraphBufferRegistry, GraphSlot, PaddingPolicy, build_prefill_registry
 from ..sanitizer import CaptureSanitizer, SanitizeLevel, check_sanitize
-from ._common import RunnerStats, StatsCounter, check_sizes, pad_to_captured
+from ._common import (
+    RunnerStats,
+    StatsCounter,
+    check_communicator,
+    check_sizes,
+    pad_to_captured,
+)
 from ._layer_stack import resolve_layer_stack
 from ._target import GraphTarget, as_graph_target
 
@@ -58,7 +65,8 @@ class BreakableCudaGraphRunner:
        (``compute_logits``) is not captured.
     2. :meth:`decide` is the one decision per step: the padded token count of a batch
        :meth:`can_run` accepts, else ``None`` (counted in ``stats.eager_fallbacks``; the caller
-       runs it eagerly).
+       runs it eagerly). Under tensor parallelism it is checked collectively (``TP-2``,
+       ``TP-5``): ranks whose batch or decision differs get :class:`spec.DecisionMismatch`.
     3. :meth:`run` trusts the key: fills the prefill registry (token tail zeroed, the request
        axis not padded), runs **both** metadata halves on the live, unpadded batch (``RUN-8``),
        replays with the live batch in the forward context (each break narrows to the real
@@ -81,6 +89,11 @@ class BreakableCudaGraphRunner:
         hooks: step name -> hook, registered before the capture (:meth:`register_hook`).
         sanitize: with ``"captures"`` or ``"all"``, a capture diff of every token count with a
             placeholder of two requests (``SAN-1``; default: the target's level).
+        communicator: this rank's :class:`spec.Communicator` for a tensor-parallel model
+            (default the target's): the ladder and warm-ups are checked equal on every rank
+            (``TP-3``, ``TP-6``), a barrier precedes each capture and the breakable capture
+            calls it at every break (``barrier_fn``, ``TP-4``), and :meth:`decide` is
+            collective.
 
     **Hooks** (:meth:`register_hook`; each ``hook(runner, proceed, *args)``):
     ``prepare_capture(batch)`` and ``prepare_replay(batch)`` are the metadata work before
@@ -100,8 +113,14 @@ class BreakableCudaGraphRunner:
         stream: Any = None,
         hooks: Mapping[str, Callable[..., Any]] | None = None,
         sanitize: SanitizeLevel | None = None,
+        communicator: Any = None,
     ) -> None:
         self.target: GraphTarget = as_graph_target(target)
+        self.communicator = check_communicator(
+            "BreakableCudaGraphRunner",
+            self.target.communicator if communicator is None else communicator,
+            self.target.config.tensor_parallel_size,
+        )
         self.sanitize = self.target.sanitize if sanitize is None else check_sanitize(sanitize)
         self.device = self.target.device
         limit = min(self.target.max_context_len, self.target.max_total_tokens)
@@ -121,6 +140,9 @@ class BreakableCudaGraphRunner:
         self.entries: dict[int, PrefillEntry] = {}
         self._counter = StatsCounter()
         self.registry = self._build_registry()
+        if self.communicator is not None:
+            check_same(self.communicator, "the prefill capture ladder and warm-ups",
+                       (self.capture_num_tokens if self.enabled else [], self.num_warmups))
         if self.layer_stack is not None:
             self.capture()
 
@@ -181,7 +203,7 @@ class BreakableCudaGraphRunner:
 
     # -- capture -------------------------------------------------------------------------------
 
-    def _placeholder(self, tokens: int) -> ForwardBatch:
+    def placeholder(self, tokens: int) -> ForwardBatch:
         """One request of ``tokens`` tokens over registry views: request row 0 and cache slot 0
         (the dummy slots), positions 0."""
         target, where = self.target, self.device.device
@@ -201,18 +223,28 @@ class BreakableCudaGraphRunner:
             padded_bs=1, padded_num_tokens=tokens, forward_batch_template=template
         )
 
+    def capture_order(self) -> list[int]:
+        """The token counts in the order :meth:`capture` captures them: largest first."""
+        return list(reversed(self.capture_num_tokens))
+
     def capture(self) -> None:
-        """Capture every token count, largest first, into one pool (``BCG-12``)."""
+        """Capture every token count of :meth:`capture_order` into one pool (``BCG-12``);
+        under tensor parallelism a barrier of every rank precedes each (``TP-4``)."""
         device = self.device
         self.stream.wait_stream(device.current_stream())
         with enable_breakable_cuda_graph(), device.stream(self.stream):
-            for tokens in reversed(self.capture_num_tokens):
-                self._capture_one(tokens)
+            for tokens in self.capture_order():
+                if self.communicator is not None:
+                    self.communicator.barrier()
+                self.capture_one(tokens)
         device.current_stream().wait_stream(self.stream)
 
-    def _capture_one(self, tokens: int) -> None:
+    def capture_one(self, tokens: int) -> None:
+        """Capture token count ``tokens``: both metadata halves on :meth:`placeholder`, the
+        warm-ups, the breakable graph (then its capture diff, when sanitized). Called by
+        :meth:`capture`, with breakable graphs enabled, on the capture stream."""
         hooks = self._hooks
-        batch = self._placeholder(tokens)
+        batch = self.placeholder(tokens)
         with set_forward_context(batch):
             hooks.call("prepare_capture", self, self._prepare_replay, batch)
             for _ in range(self.num_warmups):
@@ -231,7 +263,8 @@ class BreakableCudaGraphRunner:
         ``captured_forward(batch)`` into ``pool`` on the runner's stream."""
         keep = self.sanitize in ("captures", "all")
         graph = BreakableCUDAGraph(self.device, keep_graph=keep)
-        with BreakableCUDAGraphCapture(graph, pool=pool, stream=self.stream):
+        barrier = self.communicator.barrier if self.communicator is not None else None
+        with BreakableCUDAGraphCapture(graph, pool=pool, stream=self.stream, barrier_fn=barrier):
             output = self._hooks.call("captured_forward", self, self._captured_forward, batch)
         return graph, output
 
@@ -304,18 +337,32 @@ class BreakableCudaGraphRunner:
             and batch.batch_size <= self.target.max_bs
         )
 
-    def _key(self, batch: ForwardBatch) -> int | None:
+    def local_key(self, batch: ForwardBatch) -> int | None:
+        """The captured token count that serves ``batch`` on this rank alone, or ``None``."""
         if not self.can_run(batch):
             return None
         return pad_to_captured(self.capture_num_tokens, batch.num_tokens)
 
     def decide(self, batch: ForwardBatch) -> int | None:
         """The captured token count that serves ``batch``, or ``None`` (counted as a declined
-        batch in ``stats.eager_fallbacks``; the caller runs it eagerly). Host values only."""
-        key = self._key(batch)
+        batch in ``stats.eager_fallbacks``; the caller runs it eagerly). Host values only.
+
+        With a communicator, collective: every rank's batch and decision are exchanged on the
+        host, and :class:`spec.DecisionMismatch` is raised on every rank, before anything
+        launches, unless all are the same (``TP-2``, ``TP-5``)."""
+        if self.communicator is None:
+            key = self.local_key(batch)
+        else:
+            key = self._agreed_key(batch)
         if key is None:
             self._counter.eager_fallbacks += 1
         return key
+
+    def _agreed_key(self, batch: ForwardBatch) -> int | None:
+        key = self.local_key(batch)
+        return agree_on_step(self.communicator, StepDecision(
+            "prefill", batch.forward_mode.name, batch.batch_size, batch.num_tokens, key
+        ))
 
     def run(self, padded: int, batch: ForwardBatch) -> torch.Tensor:
         """Replay the graph of token count ``padded`` (from :meth:`decide`) for ``batch``: fill,
@@ -335,7 +382,7 @@ class BreakableCudaGraphRunner:
     def replay(self, batch: ForwardBatch) -> torch.Tensor:
         """:meth:`run` of the token count that serves ``batch``; :class:`ValueError` when none
         does."""
-        padded = self._key(batch)
+        padded = self.local_key(batch)
         if padded is None:
             raise ValueError(
                 f"extend batch of {batch.num_tokens} tokens in mode {batch.forward_mode.name} "
@@ -349,3 +396,10 @@ class BreakableCudaGraphRunner:
         forward for a declined batch."""
         padded = self.decide(batch)
         return self.target.forward(batch) if padded is None else self.run(padded, batch)
+
+    def close(self) -> None:
+        """Reset and drop every graph (``TP-8``: before the process group is destroyed); the
+        runner serves nothing after."""
+        for entry in self.entries.values():
+            entry.graph.reset()
+        self.entries.clear()

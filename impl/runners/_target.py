@@ -48,6 +48,9 @@ class GraphTarget:
     make_backend: Any = None
     """``kv_cache -> backend``: a new attention backend like :attr:`attn_backend` over another
     cache (what a replay shadow attends with); ``None`` where the builder did not give one."""
+    communicator: Any = None
+    """The :class:`spec.Communicator` of this rank for a tensor-parallel model (``None`` on one
+    rank): runners built on the target decide, capture and warm up in lockstep with it."""
 
     def named_tensors(self, registry: Any = None) -> dict[str, torch.Tensor]:
         """The buffers a capture reads, by name, for the sanitizer's roles: ``registry.<slot>``,

@@ -1,0 +1,72 @@
+"""The communicator of real ranks: :class:`spec.Communicator` over ``torch.distributed``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["TorchCommunicator"]
+
+
+class TorchCommunicator:
+    """:class:`spec.Communicator` over an initialised ``torch.distributed`` process group: the
+    device collectives on ``group`` (NCCL on GPUs; default the world), the host calls
+    (``barrier``, ``exchange``) on a gloo group, so runners decide with no device sync.
+
+    Construction is collective (every rank constructs it, in the same order): it makes the gloo
+    group unless ``cpu_group`` is given, and runs one all-reduce on ``device`` so that the device
+    communicator exists before any capture (a communicator created lazily inside a capture is
+    not capturable).
+
+    ``all_reduce`` and ``all_gather`` wait for their own work on the current stream, so a
+    captured collective and its wait sit in one captured region. Release every graph that
+    captured a collective (:meth:`impl.ModelRunner.close`) before destroying the process group.
+    """
+
+    def __init__(
+        self, group: Any = None, *, cpu_group: Any = None, device: torch.device | str,
+    ) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "TorchCommunicator needs an initialised process group: call "
+                "torch.distributed.init_process_group first"
+            )
+        self._dist = dist
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.cpu_group = cpu_group if cpu_group is not None else dist.new_group(backend="gloo")
+        warm = torch.ones(1, device=device)
+        dist.all_reduce(warm, group=group)
+        if int(warm.item()) != self.world_size:
+            raise RuntimeError(f"warm-up all-reduce gave {warm.item()}, not {self.world_size}")
+
+    def __repr__(self) -> str:
+        return f"<TorchCommunicator rank {self.rank} of {self.world_size}>"
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum of ``x`` over every rank, written into ``x``; returns ``x``."""
+        self._dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Every rank's ``x`` concatenated along ``dim``, in rank order (a new tensor)."""
+        x = x.contiguous()
+        out = x.new_empty((self.world_size * x.shape[0], *x.shape[1:]))
+        self._dist.all_gather_into_tensor(out, x, group=self.group)
+        if dim in (0, -x.dim()):
+            return out
+        return torch.cat(out.chunk(self.world_size, dim=0), dim=dim)
+
+    def barrier(self) -> None:
+        """Return once every rank called it (on the host, through the gloo group)."""
+        self._dist.barrier(group=self.cpu_group)
+
+    def exchange(self, value: Any) -> list[Any]:
+        """Every rank's ``value`` (picklable), in rank order, through the gloo group."""
+        out: list[Any] = [None] * self.world_size
+        self._dist.all_gather_object(out, value, group=self.cpu_group)
+        return out

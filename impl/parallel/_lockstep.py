@@ -1,0 +1,52 @@
+"""Collective decisions: what every rank brings to a step or a capture, exchanged on the host,
+and the check that every rank takes the same decision (``TP-2``, ``TP-3``, ``TP-5``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from spec import DecisionMismatch
+
+__all__ = ["StepDecision", "agree_on_step", "check_same"]
+
+
+@dataclass(frozen=True)
+class StepDecision:
+    """What one rank decided for a step, from host values only: which ``runner`` decided, the
+    batch's forward ``mode``, its ``batch_size`` and ``num_tokens``, and the ``key`` (the
+    captured size that serves it, ``None`` for eager)."""
+
+    runner: str
+    mode: str
+    batch_size: int
+    num_tokens: int
+    key: Any
+
+    def __repr__(self) -> str:
+        serve = "eager" if self.key is None else f"graph {self.key}"
+        return (f"{self.runner} {self.mode} bs={self.batch_size} tokens={self.num_tokens} "
+                f"-> {serve}")
+
+
+def agree_on_step(communicator: Any, decision: StepDecision) -> Any:
+    """Exchange ``decision`` with every rank (on the host, no device sync) and return its key
+    once every rank decided the same.
+
+    Under tensor parallelism every rank holds the same batch, so every rank must pad to the
+    same size and replay, or run eagerly, together (``TP-2``, ``TP-5``). Ranks whose batches
+    or decisions differ (another kind of step, another size) would launch different
+    collectives and hang: :class:`spec.DecisionMismatch` on every rank instead, before
+    anything launches."""
+    every = communicator.exchange(decision)
+    if any(d != decision for d in every):
+        raise DecisionMismatch("the step's batch and graph", tuple(every))
+    return decision.key
+
+
+def check_same(communicator: Any, what: str, value: Any) -> None:
+    """:class:`spec.DecisionMismatch` on every rank unless every rank brings the same
+    ``value`` (a capture ladder and its warm-ups: ``TP-3``, ``TP-6``)."""
+    every = communicator.exchange(value)
+    if any(v != every[0] for v in every):
+        raise DecisionMismatch(what, tuple(every))

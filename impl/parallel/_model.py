@@ -1,0 +1,129 @@
+"""Tensor-parallel reference models, sharded from the one-rank model of the same seed."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from spec import RunnerConfig
+
+from ..models import AttentionMixer, CausalLM, RecurrentMixer, SwiGLU
+from ._layers import RowParallelLinear, VocabParallelHead
+
+__all__ = ["TP_KINDS", "TensorParallelCausalLM", "shard_model"]
+
+TP_KINDS = ("dense", "hybrid_swa", "recurrent")
+"""The reference kinds :func:`shard_model` shards."""
+
+
+def _rows(weight: torch.Tensor, sizes: list[int], rank: int, world: int) -> torch.Tensor:
+    """Rank ``rank``'s share of each block of rows (blocks of ``sizes`` rows, in order)."""
+    parts = []
+    for block in weight.split(sizes, dim=0):
+        parts.append(block.chunk(world, dim=0)[rank])
+    return torch.cat(parts, dim=0)
+
+
+def _linear(weight: torch.Tensor) -> nn.Linear:
+    # skip_init: no draw from the process-wide generator, which another rank's thread may be
+    # seeding right now (impl.build_model).
+    layer = torch.nn.utils.skip_init(
+        nn.Linear, weight.shape[1], weight.shape[0], bias=False, device=weight.device,
+        dtype=weight.dtype,
+    )
+    layer.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)
+    return layer
+
+
+class TensorParallelCausalLM(CausalLM):
+    """One rank's share of a reference model (a :class:`~impl.CausalLM`; build it with
+    :func:`shard_model`).
+
+    Per layer: the attention's query heads and key/value heads split across ranks
+    (column-parallel q/k/v), its output projection row-parallel; the MLP's gate and up
+    column-parallel, its down projection row-parallel; a recurrent mixer's state split by
+    channel (column-parallel in, row-parallel out). Each row-parallel projection all-reduces.
+    Embedding and norms are replicated; the head is vocab-parallel and gathers. Attention over
+    the rank's KV heads stays a break of a breakable capture; the all-reduces sit in segments.
+
+    :attr:`runner_config` is one rank's: its heads and state size, ``tensor_parallel_size``
+    the world size; runners need the communicator (``TP-8``).
+    """
+
+    def __init__(self, full: CausalLM, communicator: Any) -> None:
+        nn.Module.__init__(self)
+        world, rank = int(communicator.world_size), int(communicator.rank)
+        c = full.config
+        if c.kind not in TP_KINDS:
+            raise NotImplementedError(
+                f"shard_model shards the kinds {TP_KINDS}, not {c.kind!r}"
+            )
+        for name, value in (("num_heads", c.num_heads), ("num_kv_heads", c.num_kv_heads),
+                            ("intermediate_size", c.intermediate_size),
+                            ("vocab_size", c.vocab_size), ("recurrent_dim", c.recurrent_dim)):
+            if value % world:
+                raise ValueError(f"{name} ({value}) must be a multiple of the world size {world}")
+        self.config = c
+        self.communicator = communicator
+        self.world_size, self.rank = world, rank
+        self.model = copy.deepcopy(full.model)
+        for layer in self.model.layers:
+            mixer = layer.mixer
+            if isinstance(mixer, AttentionMixer):
+                d = mixer.head_dim
+                sizes = [c.num_heads * d, c.num_kv_heads * d, c.num_kv_heads * d]
+                mixer.qkv = _linear(_rows(mixer.qkv.weight, sizes, rank, world))
+                mixer.o_proj = RowParallelLinear(
+                    mixer.o_proj.weight.chunk(world, dim=1)[rank], communicator
+                )
+                mixer.num_heads = c.num_heads // world
+                mixer.num_kv_heads = c.num_kv_heads // world
+            elif isinstance(mixer, RecurrentMixer):
+                dim = c.recurrent_dim
+                mixer.in_proj = _linear(_rows(mixer.in_proj.weight, [dim, dim], rank, world))
+                mixer.decay_logit = nn.Parameter(
+                    mixer.decay_logit.detach().chunk(world)[rank].clone(), requires_grad=False
+                )
+                mixer.out_proj = RowParallelLinear(
+                    mixer.out_proj.weight.chunk(world, dim=1)[rank], communicator
+                )
+            mlp: SwiGLU = layer.mlp
+            inter = c.intermediate_size
+            mlp.gate_up = _linear(_rows(mlp.gate_up.weight, [inter, inter], rank, world))
+            mlp.down = RowParallelLinear(mlp.down.weight.chunk(world, dim=1)[rank], communicator)
+        self.lm_head = VocabParallelHead(full.lm_head.weight.chunk(world, dim=0)[rank],
+                                         communicator)
+
+    @property
+    def runner_config(self) -> RunnerConfig:
+        """One rank's shape (see the class docstring)."""
+        full = super().runner_config
+        world = self.world_size
+        state = full.recurrent_state_shape
+        return dataclasses.replace(
+            full, num_heads=full.num_heads // world, num_kv_heads=full.num_kv_heads // world,
+            recurrent_state_shape=(state[0] // world,) if state else (),
+            tensor_parallel_size=world,
+        )
+
+
+def shard_model(model: CausalLM, communicator: Any) -> TensorParallelCausalLM:
+    """Rank ``communicator.rank``'s share of ``model`` (a reference model from
+    :func:`impl.build_model` of a kind in :data:`TP_KINDS`): every rank shards the same seeded
+    model, so the ranks together compute what ``model`` computes on one rank (``TP-1``).
+
+    :class:`ValueError` when a head count, the intermediate size, the vocabulary or the
+    recurrent state is not a multiple of the world size; :class:`NotImplementedError` for the
+    two-half-metadata and draft kinds.
+    """
+    if not isinstance(model, CausalLM) or isinstance(model, TensorParallelCausalLM):
+        raise TypeError(f"model must be a one-rank reference CausalLM, got {type(model).__name__}")
+    for name in ("rank", "world_size", "all_reduce", "all_gather", "barrier", "exchange"):
+        if not hasattr(communicator, name):
+            raise TypeError(f"communicator must be a spec.Communicator (no {name!r}): "
+                            f"{communicator!r}")
+    return TensorParallelCausalLM(model, communicator).eval().requires_grad_(False)

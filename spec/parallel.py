@@ -1,0 +1,98 @@
+"""What ranks promise each other under tensor parallelism: the communicator a parallel model
+and the runners call (:class:`Communicator`), and the record of one collective a multi-rank
+device keeps per rank (:class:`CollectiveRecord`).
+
+Under tensor parallelism a graph bug stops being a wrong number and becomes a hang: every rank
+must issue the same collectives in the same order, whether they run eagerly, are captured, or
+are replayed from a graph. Which graph is replayed, whether a step replays at all and the order
+sizes are captured in are therefore *collective* decisions, taken on the host from values every
+rank has exchanged (``TP-*``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import torch
+
+__all__ = ["CollectiveKind", "CollectiveMode", "CollectiveRecord", "Communicator"]
+
+CollectiveKind = Literal["all_reduce", "all_gather", "barrier", "exchange"]
+"""What a communicator call does: a device sum (``all_reduce``), a device gather
+(``all_gather``), a host barrier, or a host exchange of Python values (``exchange``)."""
+
+CollectiveMode = Literal["eager", "capture", "replay"]
+"""How a device collective was issued: run now, recorded into a graph being captured, or run by
+a graph's replay. Host calls (barrier, exchange) are always ``"eager"``."""
+
+
+@runtime_checkable
+class Communicator(Protocol):
+    """The collectives a tensor-parallel model and the runners call, one object per rank.
+
+    - ``rank`` and ``world_size``: this rank's index and the number of ranks.
+    - ``all_reduce(x)``: the sum of ``x`` over every rank, written into ``x`` (in place; it
+      returns ``x``). Recordable in a graph: a captured all-reduce runs at every replay.
+    - ``all_gather(x, dim)``: every rank's ``x`` concatenated along ``dim`` in rank order, a
+      new tensor. Recordable in a graph.
+    - ``barrier()``: returns once every rank has called it. Host-side: never inside a capture's
+      recorded work (a runner calls it between captures, and a breakable capture at each break).
+    - ``exchange(value)``: every rank's ``value`` (a picklable host value), in rank order, on
+      every rank. Host-side, no device synchronisation: what runners decide from.
+
+    Every call is collective: all ranks make the same calls in the same order. The device
+    collectives keep their launch and its wait in one captured region.
+    """
+
+    rank: int
+    world_size: int
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor: ...
+
+    def barrier(self) -> None: ...
+
+    def exchange(self, value: Any) -> list[Any]: ...
+
+
+@dataclass(frozen=True)
+class CollectiveRecord:
+    """One communicator call of one rank, as a multi-rank device matches them (``TP-7``).
+
+    ``index`` is the call's position in the rank's sequence; ``kind`` what it did
+    (:data:`CollectiveKind`); ``shape`` and ``dtype`` its tensor's (``None`` for host calls);
+    ``mode`` how it was issued (:data:`CollectiveMode`); ``graph`` the graph that recorded or
+    replayed it (``None`` when eager); ``step`` the rank's last exchanged value (what the
+    runner was deciding when it issued the call), ``None`` before any exchange.
+
+    Two ranks' ``index``-th calls match when ``kind``, ``shape``, ``dtype`` and ``mode`` are
+    equal; ``graph`` and ``step`` only say where each came from.
+    """
+
+    index: int
+    kind: CollectiveKind
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    mode: CollectiveMode = "eager"
+    graph: str | None = None
+    step: str | None = None
+
+    def matches(self, other: CollectiveRecord) -> bool:
+        """Whether ``other`` is the same collective (kind, shape, dtype and mode)."""
+        return (self.kind, self.shape, self.dtype, self.mode) == (
+            other.kind, other.shape, other.dtype, other.mode
+        )
+
+    def describe(self) -> str:
+        """One line: ``#3 all_reduce [4, 32] float32 replay of <graph> (step: ...)``."""
+        what = f"#{self.index} {self.kind}"
+        if self.shape is not None:
+            what += f" {list(self.shape)} {self.dtype}"
+        what += f" {self.mode}"
+        if self.graph is not None:
+            what += f" {'in' if self.mode == 'capture' else 'of'} {self.graph}"
+        if self.step is not None:
+            what += f" (step: {self.step})"
+        return what
