@@ -1,11 +1,11 @@
-"""Sessions: ``cpu`` (default), ``plugin``, ``gpu``, ``bench``, ``conformance`` (the main job),
-``mutants`` (mutation testing, not in CI) and ``lint``.
+"""Sessions: ``cpu`` (default), ``plugin``, ``gpu``, ``gpu2``, ``bench``, ``conformance`` (the
+main job), ``mutants`` (mutation testing, not in CI) and ``lint``.
 
 ``cpu``, ``plugin``, ``bench``, ``conformance`` and ``lint`` build a virtualenv (``plugin`` a
 fresh one every time). The torch they install is
 ``$CUDAGRAPH_TORCH`` (default ``torch==2.13.0``, a CPU build these machines install from a local
 wheel; set e.g. ``CUDAGRAPH_TORCH="torch --index-url <your CPU wheel index>"`` elsewhere, never
-the multi-GB CUDA build on a CPU runner). ``gpu`` runs in the current interpreter
+the multi-GB CUDA build on a CPU runner). ``gpu`` and ``gpu2`` run in the current interpreter
 (``venv_backend="none"``): CUDA runners bring their own torch. Any session can be run in the
 current interpreter with ``nox --no-venv``; installs are then skipped.
 """
@@ -124,6 +124,29 @@ def gpu(session: nox.Session) -> None:
     )
     _pytest(session, "tests", "--benchmark-disable")
     _conformance(session, "--backend=cuda")
+
+
+@nox.session(venv_backend="none")
+def gpu2(session: nox.Session) -> None:
+    """Tensor parallelism on two GPUs, in the current interpreter: TP=2 against TP=1 with the
+    all-reduces inside decode graphs and breakable segments, and the guard refusing a
+    mismatched step (``tests/test_tp_gpu.py``), then the TP=2 bench (``bench_tp.json`` and
+    section 9 of ``bench.md`` under ``reports/``). One process per GPU over NCCL, each killed
+    after 60 s. Mismatches themselves are tested on the multi-rank fake (``cpu``)."""
+    session.run(
+        "python",
+        "-c",
+        "import sys, torch; n = torch.cuda.device_count(); "
+        "print('torch', torch.__version__, 'GPUs:', n); "
+        "sys.exit(0 if n >= 2 else 'nox -s gpu2 needs 2 CUDA devices, found %d' % n)",
+    )
+    os.makedirs(REPORTS, exist_ok=True)
+    session.env["BENCH_REPORT_DIR"] = REPORTS
+    _pytest(session, "tests/test_tp_gpu.py", "-s")
+    session.run("python", "-m", "pytest", "-p", "conformance.plugin",
+                "tests/bench/test_bench_tp.py", "-s", "--benchmark-only",
+                f"--benchmark-json={REPORTS}/benchmarks_tp.json")
+    session.run("python", "-m", "tests.bench.make_report", REPORTS)
 
 
 @nox.session

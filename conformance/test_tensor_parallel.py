@@ -90,7 +90,7 @@ def test_sharded_model_equals_one_rank(backend: Any, kind: str) -> None:
         )
 
 
-@pytest.mark.clause("TP-1", "TP-7")
+@pytest.mark.clause("TP-1")
 def test_collectives_are_recorded_and_replayed(backend: Any) -> None:
     """The all-reduces sit inside the graphs: captured once per size, run by every replay."""
 

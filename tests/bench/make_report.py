@@ -3,12 +3,12 @@
 ``python -m tests.bench.make_report [DIR]`` (default ``reports``; ``nox -s bench`` runs it) reads
 what the benchmarks wrote there (``bench_runners.json``, ``breakable_overhead.json``,
 ``break_copies.json``, ``bench_registry_cuda.json``, ``bench_capture.json``, ``bench_fake.json``,
-``nox_cpu.json``, ``bench_transformers.json``, ``bench_sanitizer.json``), and writes
-``DIR/bench.md``: one table per benchmark with its target, the measured figure and whether it meets
-the target, headed by the GPU, torch and CUDA versions and the date of the run. With matplotlib
-installed it also writes ``prefill_latency.png`` (latency against token count: eager, breakable,
-full graph, torch.compile) and ``segment_overhead.png`` (the library's cost per segment against the
-number of segments). A missing file leaves its section out.
+``nox_cpu.json``, ``bench_transformers.json``, ``bench_sanitizer.json``, ``bench_tp.json``), and
+writes ``DIR/bench.md``: one table per benchmark with its target, the measured figure and whether
+it meets the target, headed by the GPU, torch and CUDA versions and the date of the run. With
+matplotlib installed it also writes ``prefill_latency.png`` (latency against token count: eager,
+breakable, full graph, torch.compile) and ``segment_overhead.png`` (the library's cost per segment
+against the number of segments). A missing file leaves its section out.
 """
 
 from __future__ import annotations
@@ -178,6 +178,19 @@ def _sanitizer(data: dict[str, Any]) -> list[str]:
             *_table(["level", "build (captures)", "decode step", "prefill step"], rows)]
 
 
+def _tensor_parallel(data: dict[str, Any]) -> list[str]:
+    decode = [[f"bs {r['batch_size']}", f"{r['eager_us']:.0f}", f"{r['graph_us']:.0f}",
+               f"{r['eager_over_graph']:.2f}x"] for r in data["decode"]]
+    prefill = [[f"{r['tokens']} tokens", f"{r['eager_us']:.0f}", f"{r['breakable_us']:.0f}",
+                f"{r['eager_over_breakable']:.2f}x"] for r in data["prefill"]]
+    return ["## 9. Tensor parallelism, TP=2 (`nox -s gpu2`)", "",
+            f"{data['model']} on {data['device']}, torch {data['torch']}, NCCL {data['nccl']}, "
+            f"{data['date']}; rank 0's medians, all-reduces inside the graphs.", "",
+            *_table(["decode", "eager us", "graph us", "eager / graph"], decode),
+            *_table(["prefill (1 request)", "eager us", "breakable us", "eager / breakable"],
+                    prefill)]
+
+
 def _plots(folder: Path, runners: dict[str, Any] | None, overhead: dict[str, Any] | None,
            ) -> list[str]:
     try:
@@ -242,6 +255,7 @@ def make_report(folder: Path) -> Path:
     fake, nox_cpu = _load(folder, "bench_fake.json"), _load(folder, "nox_cpu.json")
     transformers = _load(folder, "bench_transformers.json")
     sanitizer = _load(folder, "bench_sanitizer.json")
+    tensor_parallel = _load(folder, "bench_tp.json")
     head = next((d for d in (capture, overhead, runners) if d), {})
     lines = ["# Benchmarks", "",
              f"GPU: {head.get('device', 'none')}; torch {head.get('torch', '?')}, CUDA "
@@ -263,6 +277,8 @@ def make_report(folder: Path) -> Path:
         lines += _transformers(transformers)
     if sanitizer:
         lines += _sanitizer(sanitizer)
+    if tensor_parallel:
+        lines += _tensor_parallel(tensor_parallel)
     for plot in _plots(folder, runners, overhead):
         lines += [f"![{plot}]({plot})", ""]
     path = folder / "bench.md"

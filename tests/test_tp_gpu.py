@@ -1,0 +1,91 @@
+"""Tensor parallelism on two GPUs (``nox -s gpu2``): one process per GPU over NCCL, each run by
+:mod:`tests.tp_worker` and killed after 60 seconds, so a hang fails the test instead of the job.
+
+Only correct programs run here (and the guard that refuses a mismatched step before anything
+launches): a collective replayed from a graph escapes NCCL's watchdog, so mismatches are
+tested on the multi-rank fake (``conformance/test_tensor_parallel.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+WORLD = 2
+TIMEOUT_S = 60
+BF16_REL = 0.05
+
+needs_two_gpus = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < WORLD,
+    reason=f"needs {WORLD} CUDA devices (nox -s gpu2 on nvidia-h100-x2)",
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_ranks(task: str, out_dir: Path) -> list[dict[str, Any]]:
+    """``python -m tests.tp_worker task out_dir`` on every GPU at once; each process is killed
+    after :data:`TIMEOUT_S` seconds. The ranks' JSON results, in rank order."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    root = Path(__file__).resolve().parent.parent
+    procs = []
+    for rank in range(WORLD):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "tests.tp_worker", task, str(out_dir)], env=env, cwd=root,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        ))
+    outputs, hung = [], []
+    for rank, proc in enumerate(procs):
+        try:
+            out, _ = proc.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            out, _ = proc.communicate()
+            hung.append(rank)
+        outputs.append(out)
+    log = "\n".join(f"--- rank {r} (exit {p.returncode}) ---\n{o[-4000:]}"
+                    for r, (p, o) in enumerate(zip(procs, outputs, strict=True)))
+    assert not hung, f"ranks {hung} ran past {TIMEOUT_S} s and were killed\n{log}"
+    assert all(p.returncode == 0 for p in procs), f"a rank failed\n{log}"
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_tp2_equals_tp1_with_collectives_in_graphs(tmp_path: Path) -> None:
+    """TP=2 equals TP=1 (fp32 tokens exact, logits close; bf16 logits under teacher forcing
+    within 5% of the largest), decode graphs and breakable prefill replaying with their
+    all-reduces inside; then a step where rank 1 holds another batch is refused by
+    DecisionMismatch on both ranks, before anything launches."""
+    results = run_ranks("check", tmp_path)
+    for r in results:
+        print(f"\nrank {r['rank']} on {r['gpu']} (torch {r['torch']}, NCCL {r['nccl']}):")
+        for kind in ("dense", "hybrid_swa"):
+            k = r[kind]
+            print(f"  {kind}: tokens equal {k['tokens_equal']}, fp32 max |logit diff| "
+                  f"{k['fp32_max_diff']:.3g}, replays decode {k['decode_replays']} prefill "
+                  f"{k['prefill_replays']}")
+            assert k["tokens_equal"], f"rank {r['rank']} {kind}: TP=2 tokens differ from TP=1"
+            assert k["fp32_max_diff"] < 1e-3, f"rank {r['rank']} {kind}: {k['fp32_max_diff']}"
+            assert k["decode_replays"] > 0 and k["prefill_replays"] > 0, k
+        print(f"  bf16 teacher forcing: max |logit diff| {r['bf16_max_diff']:.4g} (largest "
+              f"logit {r['bf16_largest_logit']:.3g})")
+        assert r["bf16_max_diff"] <= BF16_REL * r["bf16_largest_logit"], r
+        assert r["guard"] and r["guard"].startswith("DecisionMismatch"), r["guard"]

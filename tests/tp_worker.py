@@ -1,0 +1,179 @@
+"""One rank of the tensor-parallel GPU checks (``tests/test_tp_gpu.py``) and bench
+(``tests/bench/test_bench_tp.py``): ``python -m tests.tp_worker TASK OUT_DIR`` with ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set, one process per GPU. Writes
+``OUT_DIR/rank<r>.json``.
+
+Tasks:
+
+- ``check``: TP=2 against TP=1 (fp32 tokens and logits, ``TP-1``; bf16 logits under teacher
+  forcing), decode graphs and breakable prefill replaying with collectives inside, then the
+  guard refusing a step where the ranks' batches differ (``TP-2``) before anything launches.
+- ``bench``: TP=2 decode eager against graph at batch 1, 8 and 32, prefill eager against
+  breakable replay at 16, 128 and 512 tokens; a fixed number of samples per variant, so every
+  rank makes the same calls.
+
+Graphs are released (``ModelRunner.close``) before the process group is destroyed (``TP-8``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import impl
+import spec
+
+_PROMPTS = [[(7 * i + 3 * j + 1) % 512 for j in range(5 + 3 * i)] for i in range(5)]
+_CHECK_SHAPE = dict(num_layers=4, hidden_size=256, num_heads=8, num_kv_heads=4, vocab_size=512,
+                    seed=11)
+BF16_REL = 0.05
+
+
+def _runner(model: Any, device: Any, communicator: Any, **options: Any) -> impl.ModelRunner:
+    defaults: dict[str, Any] = dict(
+        max_running_requests=4, max_total_tokens=1024, max_context_len=64,
+        capture_bs=[1, 2, 4], prefill="breakable", capture_num_tokens=[8, 16, 32, 64],
+    )
+    defaults.update(options)
+    return impl.ModelRunner(model, device=device, communicator=communicator, **defaults)
+
+
+def _model(kind: str, device: Any, dtype: torch.dtype) -> Any:
+    extra = {"sliding_window": 8} if kind == "hybrid_swa" else {}
+    return impl.build_model(kind, device=device.device, dtype=dtype, **_CHECK_SHAPE, **extra)
+
+
+def _forced(runner: impl.ModelRunner, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """Logits of each step with ``tokens`` fed back (teacher forcing), float32 on the host."""
+    request = runner.new_request(prompt)
+    got = [runner.extend([request])[0]]
+    for token in tokens[:-1]:
+        request.output_ids.append(token)
+        got.append(runner.decode([request])[0])
+    runner.release(request)
+    return torch.stack(got).float().cpu()
+
+
+def check(device: Any, communicator: Any) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for kind in ("dense", "hybrid_swa"):
+        one = _runner(_model(kind, device, torch.float32), device, None,
+                      decode_cuda_graph=False, prefill="eager")
+        want = one.generate(_PROMPTS, 8)
+        sharded = impl.shard_model(_model(kind, device, torch.float32), communicator)
+        tp = _runner(sharded, device, communicator)
+        got = tp.generate(_PROMPTS, 8)
+        result[kind] = {
+            "tokens_equal": got.tokens == want.tokens,
+            "fp32_max_diff": max(float((a.float() - b.float()).abs().max())
+                                 for a, b in zip(got.logits, want.logits, strict=True)),
+            "decode_replays": tp.decode_runner.stats.replays,
+            "prefill_replays": tp.prefill_runner.stats.replays,
+            "eager_runs": tp.stats.eager_runs,
+        }
+        tp.close()
+    # bf16 under teacher forcing: one rank's greedy tokens fed to both.
+    one = _runner(_model("dense", device, torch.bfloat16), device, None,
+                  decode_cuda_graph=False, prefill="eager")
+    tokens = one.generate(_PROMPTS[:1], 8).tokens[0]
+    want = _forced(one, _PROMPTS[0], tokens)
+    tp = _runner(impl.shard_model(_model("dense", device, torch.bfloat16), communicator), device,
+                 communicator)
+    got = _forced(tp, _PROMPTS[0], tokens)
+    result["bf16_max_diff"] = float((got - want).abs().max())
+    result["bf16_largest_logit"] = float(want.abs().max())
+    # The guard: rank 1 decodes one request fewer; nothing may launch.
+    requests = [tp.new_request(p) for p in _PROMPTS[:2]]
+    tp.extend(requests)
+    try:
+        tp.decode(requests[: 2 - communicator.rank])
+    except spec.DecisionMismatch as error:
+        result["guard"] = f"{type(error).__name__}: {error}"
+    else:
+        result["guard"] = None
+    tp.close()
+    return result
+
+
+def bench(device: Any, communicator: Any) -> dict[str, Any]:
+    from tests.bench.test_bench_runners import (
+        DECODE_MODEL,
+        DECODE_PROMPT_LEN,
+        Budget,
+        _check_close,
+        _interleaved,
+        _prompts,
+    )
+
+    decode_budget = Budget(seconds=0.0, min_samples=60, max_samples=60)
+    prefill_budget = Budget(seconds=0.0, min_samples=25, max_samples=25)
+    shape = DECODE_MODEL
+    sizes = (1, 8, 32)
+    tokens = (16, 128, 512)
+    rows: dict[str, list[dict[str, Any]]] = {"decode": [], "prefill": []}
+    with torch.no_grad():
+        model = impl.shard_model(shape.build(device), communicator)
+        runner = impl.ModelRunner(
+            model, device=device, communicator=communicator, max_running_requests=max(sizes),
+            max_total_tokens=max(sizes) * (DECODE_PROMPT_LEN + 1) + max(tokens),
+            capture_bs=list(sizes), prefill="breakable", capture_num_tokens=list(tokens),
+            max_context_len=max(tokens),
+        )
+        for bs in sizes:
+            requests = [runner.new_request(p)
+                        for p in _prompts(bs, DECODE_PROMPT_LEN, shape.vocab_size, seed=bs)]
+            runner.extend(requests)
+            batch = runner._batch(impl.ForwardMode.DECODE, requests,
+                                  [[r.prompt[-1]] for r in requests])
+            variants = {"eager": lambda b=batch: runner.forward_eager(b),
+                        "graph": lambda b=batch: runner.decode_runner.replay(b)}
+            error = _check_close(f"decode bs={bs}", variants["graph"](), variants["eager"]())
+            timing = _interleaved(device, variants, decode_budget)
+            rows["decode"].append({"batch_size": bs, "eager_us": timing["eager"],
+                                   "graph_us": timing["graph"],
+                                   "eager_over_graph": timing["eager"] / timing["graph"],
+                                   "samples": timing["samples"], "max_rel_error": error})
+            for r in requests:
+                runner.release(r)
+        for count in tokens:
+            request = runner.new_request(_prompts(1, count, shape.vocab_size, seed=count)[0])
+            batch = runner._batch(impl.ForwardMode.EXTEND, [request], [request.prompt])
+            variants = {"eager": lambda b=batch: runner.forward_eager(b),
+                        "breakable": lambda b=batch: runner.prefill_runner.replay(b)}
+            error = _check_close(f"prefill {count}", variants["breakable"](),
+                                 variants["eager"]())
+            timing = _interleaved(device, variants, prefill_budget)
+            rows["prefill"].append({"tokens": count, "eager_us": timing["eager"],
+                                    "breakable_us": timing["breakable"],
+                                    "eager_over_breakable": timing["eager"] / timing["breakable"],
+                                    "samples": timing["samples"], "max_rel_error": error})
+            runner.release(request)
+        runner.close()
+    described = (f"dense, {shape.num_layers} layers, hidden {shape.hidden_size}, "
+                 f"{shape.num_heads} heads / {shape.num_kv_heads} KV heads, vocab "
+                 f"{shape.vocab_size}, bf16, TP=2")
+    return {"model": described, **rows}
+
+
+def main(task: str, out_dir: str) -> None:
+    rank = int(os.environ["RANK"])
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    device = impl.CudaDevice()
+    communicator = impl.TorchCommunicator(device=device.device)
+    result = {"check": check, "bench": bench}[task](device, communicator)
+    result.update(rank=rank, world_size=communicator.world_size,
+                  gpu=torch.cuda.get_device_name(rank), torch=torch.__version__,
+                  nccl=".".join(map(str, torch.cuda.nccl.version())))
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result, indent=2))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
