@@ -50,6 +50,12 @@ metadata tensors per call, #27664); for prefill ``logits_in_graph`` (one request
 graph, #24662), ``out_graph_half_only`` (replay skips the in-graph half, #26742 review) and
 ``lazy_upgrade_on_side_stream`` (metadata upgraded inside the first attention call on a side
 stream, after ops that read it).
+
+Tensor-parallel mutants (:data:`TP_MUTANTS`), each leaving the lockstep on one rank of the
+multi-rank fake, which names it as a :class:`spec.CollectiveMismatch` on every rank:
+``pads_by_local_count`` (vLLM #25906), ``placeholder_differs`` and ``capture_skipped``
+(TensorRT-LLM #14986), ``capture_order_differs`` (pegainfer #496), ``eager_on_one_rank``
+(pegainfer #498), ``warmup_on_one_rank`` (ScaleLLM #131).
 """
 
 from __future__ import annotations

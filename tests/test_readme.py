@@ -90,3 +90,15 @@ def test_the_sanitizer_example_names_the_line() -> None:
     assert len(caught) == 1 and isinstance(caught[0], spec.HostValueBaked), caught
     line = next(i for i, text in enumerate(block.splitlines(), 1) if "x[:n].mean(0)" in text)
     assert caught[0].frame == f"<readme sanitizer>:{line}", caught[0].frame
+
+
+def test_the_tensor_parallel_example_runs() -> None:
+    """The tensor-parallel block runs as printed on the multi-rank fake: both ranks generate the
+    same tokens."""
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+              if "fakes.run_ranks(" in b]
+    assert len(blocks) == 1, "README has no python block calling fakes.run_ranks"
+    namespace: dict[str, Any] = {"__name__": "readme_tp_example"}
+    exec(compile(blocks[0], str(README), "exec"), namespace)
+    tokens = namespace["tokens"]
+    assert len(tokens) == 2 and tokens[0] == tokens[1] and len(tokens[0][0]) == 4
