@@ -182,6 +182,19 @@ def test_lockstep_regressions(backend: Any, variant: str) -> None:
     assert errors[0].index == errors[1].index
 
 
+@pytest.mark.strict
+@pytest.mark.clause("SAN-3")
+def test_sanitizer_keeps_the_ranks_in_lockstep(backend: Any) -> None:
+    """``sanitize="all"`` on a sharded model: every rank's capture diffs and replay shadows
+    issue the same collectives, and nothing is flagged."""
+
+    def rank(ctx: Any) -> Any:
+        return _model_runner(ctx, sanitize="all").generate(_PROMPTS[:3], 4).tokens
+
+    tokens = _ranks(backend, rank)
+    assert tokens[0] == tokens[1]
+
+
 # -- the multi-rank fake (strict) ------------------------------------------------------------
 
 

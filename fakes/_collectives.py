@@ -78,10 +78,15 @@ def _captured_collective(recorder: Recorder, func: Any, args: Any, kwargs: Any) 
     """A collective issued on a capturing stream: matched with the other ranks as a
     ``"capture"`` call (every rank must capture it at the same point), then recorded."""
     x, group, rank = args[0], args[1], args[2]
-    member = _member(group, rank)
-    member.group._call(rank, _KINDS[func], None, tuple(x.shape), str(x.dtype).removeprefix(
-        "torch."), "capture", recorder.capture.label)
+    _member(group, rank).group._call(
+        rank, _KINDS[func], None, tuple(x.shape), _dtype_name(x), "capture",
+        recorder.capture.label,
+    )
     return NotImplemented  # record it as a kernel: replays run it
+
+
+def _dtype_name(x: torch.Tensor) -> str:
+    return str(x.dtype).removeprefix("torch.")
 
 
 class FakeProcessGroup:
@@ -242,8 +247,7 @@ class FakeCommunicator:
         mode: CollectiveMode = "eager" if graph is None else "replay"
         label = None if graph is None else repr(graph).rsplit(" ", 1)[0] + ">"
         values = self.group._call(
-            self.rank, kind, x.detach().clone(), tuple(x.shape),
-            str(x.dtype).removeprefix("torch."), mode, label,
+            self.rank, kind, x.detach().clone(), tuple(x.shape), _dtype_name(x), mode, label,
         )
         if kind == "all_gather":
             return torch.stack(values)

@@ -29,7 +29,7 @@ needs_two_gpus = pytest.mark.skipif(
 )
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -39,7 +39,7 @@ def run_ranks(task: str, out_dir: Path) -> list[dict[str, Any]]:
     """``python -m tests.tp_worker task out_dir`` on every GPU at once; each process is killed
     after :data:`TIMEOUT_S` seconds. The ranks' JSON results, in rank order."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     root = Path(__file__).resolve().parent.parent
     procs = []
     for rank in range(WORLD):
