@@ -76,6 +76,17 @@ def _synchronize(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
         device.synchronize()
 
 
+def _synchronize_in(mode: str) -> Callable[[DeviceModule, Any, torch.Tensor], None]:
+    def synchronize(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
+        # Synchronizing the device waits on the capturing stream: refused in every mode,
+        # "relaxed" included (CAP-2).
+        with device.graph(g, capture_error_mode=mode):
+            x.add_(1)
+            device.synchronize()
+
+    return synchronize
+
+
 def _nonzero(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
     with device.graph(g):
         torch.nonzero(x)
@@ -148,6 +159,18 @@ def _unjoined_event_fork(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
             x.mul_(3)
 
 
+def _unjoined_past_event(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
+    side = device.Stream()
+    with device.graph(g):
+        capturing = device.current_stream()
+        side.wait_stream(capturing)
+        with device.stream(side):
+            x.mul_(3)
+            done = side.record_event()
+            x.mul_(5)  # after the event: the join below does not cover it
+        capturing.wait_event(done)
+
+
 def _external_event_wait(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
     # Marks work issued before the capture (say, the copy of this step's inputs). A capture
     # may not depend on uncaptured work: CUDA fails the wait with
@@ -174,6 +197,8 @@ def _rng(device: DeviceModule, g: Any, x: torch.Tensor) -> None:
 CAPTURE_FAILURES: dict[str, Callable[[DeviceModule, Any, torch.Tensor], None]] = {
     "item": _item,
     "synchronize": _synchronize,
+    "synchronize_thread_local": _synchronize_in("thread_local"),
+    "synchronize_relaxed": _synchronize_in("relaxed"),
     "nonzero": _nonzero,
     "stream_query": _stream_query,
     "default_stream_begin": _default_stream_begin,
@@ -183,6 +208,7 @@ CAPTURE_FAILURES: dict[str, Callable[[DeviceModule, Any, torch.Tensor], None]] =
     "unjoined": _unjoined,
     "unjoined_after_join": _unjoined_after_join,
     "unjoined_event_fork": _unjoined_event_fork,
+    "unjoined_past_event": _unjoined_past_event,
     "external_event_wait": _external_event_wait,
     "user_error": _user_error,
     "rng": _rng,

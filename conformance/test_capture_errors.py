@@ -28,13 +28,16 @@ from spec import (
 )
 
 # Raised before the backend is asked anything, so every backend can name them exactly.
-_CHECKED_UP_FRONT = {"synchronize", "default_stream_begin", "default_stream_graph", "nested",
+_CHECKED_UP_FRONT = {"synchronize", "synchronize_thread_local", "synchronize_relaxed",
+                     "default_stream_begin", "default_stream_graph", "nested",
                      "nested_begin"}
 
 CASES = [
     # (case, leaf class, clauses, capability needed)
     ("item", SyncDuringCapture, ("CAP-2",), None),
     ("synchronize", SyncDuringCapture, ("CAP-2",), None),
+    ("synchronize_thread_local", SyncDuringCapture, ("CAP-2",), None),
+    ("synchronize_relaxed", SyncDuringCapture, ("CAP-2",), None),
     ("nonzero", SyncDuringCapture, ("CAP-2",), None),
     ("stream_query", SyncDuringCapture, ("CAP-2",), None),
     ("default_stream_begin", DefaultStreamCapture, ("CAP-3",), None),
@@ -44,6 +47,9 @@ CASES = [
     ("unjoined", UnjoinedStream, ("CAP-5",), None),
     ("unjoined_after_join", UnjoinedStream, ("CAP-5", "DEV-3"), None),
     ("unjoined_event_fork", UnjoinedStream, ("CAP-5", "DEV-3"), None),
+    # The capturing stream waits on an event of the fork recorded before the fork's last work:
+    # the join covers the fork only up to the event.
+    ("unjoined_past_event", UnjoinedStream, ("CAP-5",), None),
     # The capturing stream waits on an event recorded before the capture began: CUDA refuses
     # the dependency on uncaptured work (cudaErrorStreamCaptureIsolation) and the capture ends
     # invalidated (cudaErrorStreamCaptureInvalidated).

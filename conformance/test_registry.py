@@ -231,6 +231,30 @@ def test_buffers_never_move_across_fills(registry_api: Any, device: Any) -> None
     assert where_buffers_are() == before
 
 
+@pytest.mark.clause("REG-3", "REG-5")
+def test_slot_registered_after_a_fill_takes_part_in_the_next(
+    registry_api: Any, device: Any
+) -> None:
+    """A slot registered once the registry has filled is filled (head copied) and reset (pad
+    rows) by the next fill of the same sizes, like every other slot."""
+    where = device.device
+    reg = _decode(registry_api, where, max_bs=4, max_num_token=8)
+    fb = SimpleNamespace(input_ids=torch.arange(3, device=where),
+                         seq_lens=torch.tensor([1, 2, 3], device=where))
+    sizes = dict(raw_bs=3, padded_bs=4, raw_num_tokens=3, padded_num_tokens=4)
+    reg.fill_from(fb, **sizes)
+    late = reg.register_slot(registry_api.GraphSlot(
+        "late", _bs, torch.int64, "bs", padding_policy=registry_api.PaddingPolicy.ZERO,
+    ))
+    late.buffer.fill_(9)
+    fb.late = torch.tensor([4, 5, 6], device=where)
+    reg.fill_from(fb, **sizes)
+    assert late.buffer.tolist() == [4, 5, 6, 0], (
+        f"the late slot holds {late.buffer.tolist()} after the next fill, expected its head "
+        "[4, 5, 6] and the pad row reset to 0"
+    )
+
+
 @pytest.mark.clause("REG-12")
 def test_disabled_slot_is_kept_but_inert(registry_api: Any, device: Any) -> None:
     where = device.device
