@@ -208,7 +208,7 @@ class _PrivatePoolPerSegment(BreakableCUDAGraphCapture):
     ``pool=`` passed down) instead of one pool for all segments."""
 
     def _begin_segment(self) -> None:
-        segment = self.graph._new_segment()
+        segment = self.graph.new_segment()
         ctx = self.device.graph(
             segment, stream=self.stream, capture_error_mode=self.capture_error_mode
         )

@@ -193,7 +193,7 @@ class BreakableCUDAGraphCapture:
             self._tracker = stack.enter_context(track_forks(device, stream, self._on_wait_stream))
             stack.enter_context(hooks.call("activate", self, self._activate))
             stack.enter_context(_set(ENABLED, True))
-            graph._begin_capture(pool)
+            graph.begin_capture(pool)
             self._scratch = hooks.call("track_scratch", self, self._track_scratch, pool)
             stack.callback(hooks.call, "close_open_segment", self, self._abort_if_open)
             self._begin_segment()
@@ -217,9 +217,9 @@ class BreakableCUDAGraphCapture:
                 try:
                     self._end_segment()
                 except BaseException:
-                    self.graph._fail_capture()
+                    self.graph.fail_capture()
                     raise
-                self.graph._finish_capture()
+                self.graph.finish_capture()
                 return False
             self._hooks.call("abort", self, self._abort, exc)
         return False
@@ -246,7 +246,7 @@ class BreakableCUDAGraphCapture:
     # -- segments and breaks ---------------------------------------------------------------------
 
     def _begin_segment(self) -> None:
-        segment = self.graph._new_segment()
+        segment = self.graph.new_segment()
         pool = self._hooks.call("segment_pool", self, self._segment_pool)
         ctx = self.device.graph(
             segment, pool=pool, stream=self.stream, capture_error_mode=self.capture_error_mode
@@ -329,7 +329,7 @@ class BreakableCUDAGraphCapture:
                 self._hooks.call("break_results", self, self._break_results) as adopt,
             ):
                 result = adopt(body(*args, **kwargs))
-        self.graph._breaks.append(
+        self.graph.add_break(
             self._hooks.call("make_break", self, self._make_break, fn, args, kwargs, result)
         )
         self._begin_segment()
@@ -346,7 +346,7 @@ class BreakableCUDAGraphCapture:
             if ctx is not None:
                 ctx.__exit__(type(exc), exc, exc.__traceback__)
         finally:
-            self.graph._fail_capture()
+            self.graph.fail_capture()
 
     def _abort_if_open(self) -> None:
         # Registered with the exit stack on entry, so it runs on every exit; it has work to do
@@ -359,7 +359,7 @@ class BreakableCUDAGraphCapture:
             except Exception:
                 pass  # the error that aborted __enter__ is the one to propagate
             finally:
-                self.graph._fail_capture()
+                self.graph.fail_capture()
 
 
 def _unchanged(result: Any) -> Any:

@@ -219,19 +219,27 @@ class BreakableCUDAGraph:
         for segment in segments:
             segment.reset()
 
-    # -- used by BreakableCUDAGraphCapture ------------------------------------------------------
+    # -- building: what BreakableCUDAGraphCapture calls ------------------------------------------
+    # The graph owns its segments, breaks and state; its capture builds it through these
+    # methods only. User code captures with BreakableCUDAGraphCapture and never calls them.
 
-    def _new_segment(self) -> GraphLike:
+    def add_break(self, graph_break: GraphBreak) -> None:
+        """Append ``graph_break``: it runs after the last segment added so far."""
+        self._breaks.append(graph_break)
+
+    def new_segment(self) -> GraphLike:
+        """A new device graph for the next segment (``keep_graph`` as the graph's), appended."""
         device = self._device
         segment = device.CUDAGraph(keep_graph=True) if self._keep_graph else device.CUDAGraph()
         self._segments.append(segment)
         return segment
 
-    def _begin_capture(self, pool: PoolHandle) -> None:
+    def begin_capture(self, pool: PoolHandle) -> None:
+        """``CAPTURING`` into ``pool``."""
         self._pool = pool
         self._state = GraphState.CAPTURING
 
-    def _finish_capture(self) -> None:
+    def finish_capture(self) -> None:
         """Precompute the flat list replay walks: no lookups or allocations per replay beyond
         what the breaks themselves do."""
         calls: list[Callable[[], Any]] = []
@@ -252,7 +260,7 @@ class BreakableCUDAGraph:
         self._labels = tuple(labels)
         self._state = GraphState.READY
 
-    def _fail_capture(self) -> None:
+    def fail_capture(self) -> None:
         """Make the graph ``FAILED``: segments reset (their pool blocks released), held objects
         and the pool dropped, replay refused until reset() and a new capture."""
         segments, self._segments = self._segments, []

@@ -6,19 +6,28 @@ and replay: a decorated call in another thread never splits this thread's captur
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextvars import ContextVar
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from spec import DeviceModule, StreamLike
 
-if TYPE_CHECKING:
-    from ._breakable_capture import BreakableCUDAGraphCapture
+
+class ActiveCapture(Protocol):
+    """What ``eager_on_graph`` asks of the breakable capture in progress (a
+    ``BreakableCUDAGraphCapture``): run a break, ending the open segment first."""
+
+    def run_break(
+        self, fn: Callable[..., Any] | None, args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None, capture_stub: Callable[..., Any] | None = None,
+    ) -> Any: ...
+
 
 __all__ = [
     "get_replay_id", "get_replay_stream", "is_in_breakable_cuda_graph", "is_recording_segment",
 ]
 
-ACTIVE_CAPTURE: ContextVar[BreakableCUDAGraphCapture | None] = ContextVar(
+ACTIVE_CAPTURE: ContextVar[ActiveCapture | None] = ContextVar(
     "impl_breakable_capture", default=None
 )
 """The breakable capture in progress in this context, read by ``eager_on_graph``."""
