@@ -147,7 +147,8 @@ def _read_xfail_file(path: Path) -> list[tuple[str, str]]:
     """``(pattern, reason)`` per line of ``pattern  # reason``; blank and ``#`` lines skipped.
 
     A pattern is a test id or a glob over test ids (``test_breakable.py::test_copy*``); it
-    matches the full node id or any path suffix of it.
+    matches the full node id or any path suffix of it. ``clause:ID`` (``clause:BCG-7``) matches
+    every test that names the clause.
     """
     try:
         text = path.read_text(encoding="utf-8")
@@ -161,7 +162,21 @@ def _read_xfail_file(path: Path) -> list[tuple[str, str]]:
     return entries
 
 
-def _matches(nodeid: str, pattern: str) -> bool:
+_CLAUSE_PREFIX = "clause:"
+
+
+def _unknown_clauses(entries: list[tuple[str, str]]) -> list[str]:
+    """A problem line per ``clause:ID`` entry whose id the spec does not define."""
+    from spec import CLAUSES
+
+    return [f"--xfail-file: {pattern!r} names no spec clause" for pattern, _ in entries
+            if pattern.startswith(_CLAUSE_PREFIX)
+            and pattern[len(_CLAUSE_PREFIX):].strip() not in CLAUSES]
+
+
+def _matches(nodeid: str, pattern: str, clauses: tuple[str, ...] = ()) -> bool:
+    if pattern.startswith(_CLAUSE_PREFIX):
+        return pattern[len(_CLAUSE_PREFIX):].strip() in clauses
     return fnmatch.fnmatchcase(nodeid, pattern) or fnmatch.fnmatchcase(nodeid, f"*/{pattern}")
 
 
@@ -201,8 +216,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="PATH",
         help=(
-            "file of known failures of the backend, one test id or glob per line "
-            "('pattern  # reason'); matching tests are marked xfail (not strict)."
+            "file of known failures of the backend, one test id or glob per line, or "
+            "'clause:ID' for every test naming the clause ('pattern  # reason'); matching "
+            "tests are marked xfail (not strict)."
         ),
     )
     group.addoption(
@@ -408,12 +424,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     reason=f"backend {backend.label!r} lacks capability {', '.join(lacking)}"
                 ))
         for pattern, reason in state.xfail:
-            if _matches(item.nodeid, pattern):
+            if _matches(item.nodeid, pattern, ids):
                 item.add_marker(pytest.mark.xfail(
                     reason=f"known failure of backend {state.backend_name!r}: {reason}",
                     strict=False,
                 ))
                 break
+    problems += _unknown_clauses(state.xfail)
     if problems:
         raise pytest.UsageError("conformance markers:\n  " + "\n  ".join(problems))
     if deselected:
