@@ -179,15 +179,16 @@ def conformance(session: nox.Session) -> None:
 @nox.session
 def mutants(session: nox.Session) -> None:
     """Mutation testing (mutmut 3) of the suite's strength: mutants of ``impl/registry``
-    (``registry``), ``impl/breakable`` but profiling (``breakable``) and ``fakes/_allocator.py`` +
-    ``fakes/_graph.py`` (``fake``), each run against the conformance tests on the fake (and
-    ``tests/test_hooks.py``) that reach the mutated function. ``nox -s mutants -- registry``
-    runs one group (default: all); ``-- --again`` reruns mutants already killed;
-    ``-- --report-only`` only writes the report.
-    Work folder ``mutants/`` (git-ignored, kept between runs: a rerun only runs mutants not yet
-    killed); report ``reports/mutants.md`` and ``reports/mutants.json``; equivalent mutants are
-    listed with their reason in ``tests/mutation/equivalent_mutants.txt``. Not part of CI: a
-    group takes tens of minutes on 2 cores."""
+    (``registry``), ``impl/breakable`` but profiling (``breakable``) and the fake's allocator,
+    graph, memory table and capture state (``fake``), each run against the conformance tests on
+    the fake (and ``tests/test_hooks.py``) that reach the mutated function. ``nox -s mutants --
+    registry`` runs one group (default: all); ``-- --again`` reruns mutants already killed; ``--
+    --report-only`` only writes the report. Work folder ``mutants/`` (git-ignored, kept between
+    runs: a rerun only runs mutants not yet killed); report ``reports/mutants.md`` and
+    ``reports/mutants.json``; equivalent mutants are listed with their reason in
+    ``tests/mutation/equivalent_mutants.txt``. Not part of CI: a group takes tens of minutes on
+    2 cores.
+    """
     _install(session, "test")
     if session.venv_backend != "none":
         session.install("mutmut>=3.8,<4")

@@ -8,6 +8,7 @@ CUDA-graph capture (recording, not executing), replay, memory pools and their ha
 import spec as _spec
 from spec import GraphState
 
+from . import _handlers  # noqa: F401  (registers the built-in op handlers)
 from ._allocator import FakePool, is_poisoned, poison_value
 from ._collectives import FakeCommunicator, FakeProcessGroup, RankContext, run_ranks
 from ._device import FakeDevice, FakeDeviceInfo, WeakTensorRef

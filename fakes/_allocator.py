@@ -28,7 +28,7 @@ import torch
 
 from ._compat import no_python_dispatch
 
-__all__ = ["FakePool", "is_poisoned", "poison_value"]
+__all__ = ["FakePool", "is_poisoned", "poison_value", "storage_bytes"]
 
 _ROUND = 512  # CUDA's kMinBlockSize: the unit of block sizes
 _ALIGN = 64  # torch's CPU allocator alignment; kernels see the same alignment as in eager mode
@@ -134,12 +134,12 @@ class Block:
         addr = torch.frombuffer(self._mem, dtype=torch.uint8, count=1).data_ptr()
         self._offset = (-addr) % _ALIGN
         # The pool's owning view of the block: what graphs replay into, whoever the tenant is.
-        self.storage = self._new_storage()
+        self.storage = self.new_storage()
         self.gen = 0
         self.tenant: weakref.ref[torch.UntypedStorage] | None = None
         self.last_write: WriteStamp | None = None
 
-    def _new_storage(self) -> torch.UntypedStorage:
+    def new_storage(self) -> torch.UntypedStorage:
         t = torch.frombuffer(self._mem, dtype=torch.uint8, offset=self._offset, count=self.size)
         return t.untyped_storage()
 
@@ -290,16 +290,15 @@ class FakePool:
             self._blocks.append(block)
             self._by_id[block.id] = block
         block.gen += 1
-        tenant = block._new_storage()
+        tenant = block.new_storage()
         block.tenant = weakref.ref(tenant)
-        fin = weakref.finalize(tenant, FakePool._on_release, self, block, block.gen)
+        fin = weakref.finalize(tenant, self._on_release, block, block.gen)
         fin.atexit = False
         _fill_poison(block.storage, block.size, dtype)
         return block, tenant
 
-    @staticmethod
-    def _on_release(pool: FakePool, block: Block, gen: int) -> None:
-        pool._released.append((block, gen))
+    def _on_release(self, block: Block, gen: int) -> None:
+        self._released.append((block, gen))
 
     def _drain(self) -> None:
         while self._released:
@@ -327,3 +326,11 @@ class FakePool:
             f"{self.live_blocks()} live>"
         )
 
+
+
+def storage_bytes(t: torch.Tensor) -> int:
+    """Bytes a tensor of ``t``'s geometry needs from the start of its storage."""
+    if t.numel() == 0:
+        return t.storage_offset() * t.element_size()
+    span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
+    return (t.storage_offset() + span) * t.element_size()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import itertools
 import threading
@@ -13,26 +12,20 @@ from typing import Any
 
 import torch
 
-from spec.errors import (
-    CaptureInvalidated,
-    DefaultStreamCapture,
-    FreedMemoryAccess,
-    GraphError,
-    GraphNotEmpty,
-    NestedCapture,
-    PoolClobber,
-    SyncDuringCapture,
-    UnsupportedInCapture,
-)
+from spec.errors import CaptureInvalidated, FreedMemoryAccess, PoolClobber
 from spec.program import OpRecord
-from spec.protocol import CaptureErrorMode, GraphState, check_capture_error_mode
+from spec.protocol import CaptureErrorMode, check_capture_error_mode
 
+from . import _handlers  # noqa: F401  (registers the built-in op handlers)
 from ._allocator import Block, FakePool, external_label
+from ._capture_state import CaptureState
 from ._compat import no_python_dispatch, remove_dispatch_mode
 from ._graph import FakeCUDAGraph, Program, program_records
-from ._mode import StreamOrderMode, _storage_bytes
+from ._memory import MemoryTable
+from ._meta_cache import MetaCache
+from ._mode import StreamOrderMode
 from ._scratch import FakeCaptureScratch
-from ._streams import Capture, FakeEvent, FakeStream, StreamOrder
+from ._streams import FakeEvent, FakeStream, StreamOrder
 
 __all__ = ["FakeDevice", "FakeDeviceInfo", "WeakTensorRef"]
 
@@ -157,25 +150,19 @@ class FakeDevice:
         self.Stream: type[FakeStream] = type("Stream", (FakeStream,), dict(bind))
         self.Event: type[FakeEvent] = type("Event", (FakeEvent,), dict(bind))
         self.CUDAGraph: type[FakeCUDAGraph] = type("CUDAGraph", (FakeCUDAGraph,), dict(bind))
-        self._order = StreamOrder()  # before the first stream: every stream registers with it
+        self.order = StreamOrder()
+        """Stream order: every stream registers with it at creation (``ORD-*``)."""
+        self.memory = MemoryTable(self.id)
+        """The device's pools and their blocks by address."""
+        self.captures = CaptureState(self)
+        """The capture in progress, the replays per thread, and their counters."""
+        self.meta_cache = MetaCache()
+        """The recorder's shape inferences, and their hit and miss counters."""
         self._default = self.Stream()
-        self._default._is_default = True
         self._side: FakeStream | None = None
         self._tls = threading.local()
-        self._capture: Capture | None = None
-        # Every block of the device's pools by start address, and the starts sorted, for
-        # attributing a raw-pointer alias to the block its address lies in (_block_at).
-        self._blocks: weakref.WeakValueDictionary[int, Block] = weakref.WeakValueDictionary()
-        self._starts: list[int] = []
-        self._pools: weakref.WeakSet[FakePool] = weakref.WeakSet()
-        self._serials = itertools.count(1)
-        self._captures = 0
-        self._aborted = 0
-        self._replays = 0
-        self._meta_hits = 0
-        self._meta_misses = 0
         self._frames = False
-        _warm_up(self)
+        self._warm_up()
 
     def __repr__(self) -> str:
         return f"<FakeDevice #{self.id}>"
@@ -232,23 +219,23 @@ class FakeDevice:
         ordered after all work issued so far (``ORD-1``). ``SyncDuringCapture`` during a
         capture, in every ``capture_error_mode`` (it waits on the capturing stream, ``CAP-2``).
         """
-        self._host_sync("synchronize()", touches_capture=True)
-        self._order.synchronize()
+        self.captures.host_sync("synchronize()", touches_capture=True)
+        self.order.synchronize()
 
     def is_current_stream_capturing(self) -> bool:
         """Whether the current stream belongs to a capture in progress (``DEV-3``)."""
-        return self.current_stream()._capture is not None
+        return self.current_stream().capture is not None
 
     def is_stream_capturing(self, stream: FakeStream) -> bool:
         """Whether ``stream`` is the capturing stream or forked into its capture (``DEV-3``)."""
         self._check_stream(stream, "stream")
-        return stream._capture is not None
+        return stream.capture is not None
 
     # -- graphs -------------------------------------------------------------------------------
 
     def graph_pool_handle(self) -> FakePool:
         """A new pool token; captures given it as ``pool=`` share its memory (``MEM-1``)."""
-        return self._new_pool("graph_pool_handle()")
+        return self.memory.new_pool("graph_pool_handle()")
 
     @contextlib.contextmanager
     def graph(
@@ -287,7 +274,7 @@ class FakeDevice:
             stream = self.capture_stream()
         with self.stream(stream):
             cuda_graph.capture_begin(pool=pool, capture_error_mode=capture_error_mode)
-            capture = cuda_graph._capture
+            capture = cuda_graph.active_capture
             assert capture is not None
             try:
                 yield cuda_graph
@@ -298,7 +285,7 @@ class FakeDevice:
                         detail=type(exc).__name__,
                     )
                     err.__cause__ = exc
-                    self._fail_capture(capture, err)
+                    self.captures.fail(capture, err)
                 capture.release_mode()  # the capture's bracket: outside any dispatch now
                 raise
             cuda_graph.capture_end()
@@ -332,7 +319,7 @@ class FakeDevice:
     def replaying_graph(self) -> FakeCUDAGraph | None:
         """The graph whose replay runs on this thread now (its recorded ops are executing), or
         ``None``: what a collective run by a replay reports as its origin (``TP-7``)."""
-        return getattr(self._tls, "replaying", None)
+        return self.captures.replaying_graph()
 
     # -- weak references ----------------------------------------------------------------------
 
@@ -340,7 +327,7 @@ class FakeDevice:
         """A handle to ``tensor``'s memory and geometry that keeps nothing alive (``DEV-6``)."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
-        return WeakTensorRef(tensor, self._locate(tensor))
+        return WeakTensorRef(tensor, self.memory.locate(tensor))
 
     def resolve_weak_ref(self, handle: WeakTensorRef) -> torch.Tensor:
         """The tensor behind ``handle``, owning its memory while held (resolve right before use).
@@ -385,182 +372,46 @@ class FakeDevice:
 
     def cache_info(self) -> FakeDeviceInfo:
         """A frozen snapshot of the device's counters (see :class:`FakeDeviceInfo`)."""
-        pools = list(self._pools)
+        pools = self.memory.pools()
         blocks = [b for p in pools for b in p.blocks()]
         live = sum(1 for b in blocks if b.tenant_storage() is not None)
+        captures, meta = self.captures, self.meta_cache
         return FakeDeviceInfo(
             pools=len(pools),
             blocks=len(blocks),
             live_blocks=live,
             free_blocks=len(blocks) - live,
             reserved_bytes=sum(b.size for b in blocks),
-            captures=self._captures,
-            aborted_captures=self._aborted,
-            replays=self._replays,
-            meta_cache_hits=self._meta_hits,
-            meta_cache_misses=self._meta_misses,
+            captures=captures.captures,
+            aborted_captures=captures.aborted,
+            replays=captures.replays,
+            meta_cache_hits=meta.hits,
+            meta_cache_misses=meta.misses,
         )
 
-    # -- internals used by streams, graphs and the recorder -----------------------------------
-
-    def _memory_of(self, tensor: torch.Tensor) -> Any:
-        """What stream order keys ``tensor``'s memory by: its pool block, or its storage."""
-        located = self._locate(tensor)
-        return located[0] if located is not None else tensor.untyped_storage()
+    # -- internals -----------------------------------------------------------------------------
 
     def _check_stream(self, stream: Any, param: str) -> None:
         if not isinstance(stream, FakeStream) or stream._device is not self:
             raise TypeError(f"{param} must be a Stream of {self!r}, got {stream!r}")
-
-
-    def _new_pool(self, owner: str) -> FakePool:
-        pool = FakePool(self.id, owner)
-        self._pools.add(pool)
-        return pool
-
-    def _register_block(self, block: Block) -> None:
-        """Make ``block`` (just handed out by one of this device's pools) known by address."""
-        start = block.data_ptr
-        if self._blocks.get(start) is block:
-            return
-        self._blocks[start] = block
-        starts = self._starts
-        if len(starts) >= 2 * len(self._blocks) + 64:
-            # Starts of dead blocks (their pools released) pile up; drop them now and then.
-            self._starts = sorted(self._blocks.keys())
-        else:
-            i = bisect.bisect_left(starts, start)
-            if i == len(starts) or starts[i] != start:
-                self._starts = [*starts[:i], start, *starts[i:]]
-
-    def _block_at(self, address: int) -> Block | None:
-        """The live block of this device whose memory holds byte ``address``, if any."""
-        starts = self._starts  # replaced, never changed in place: safe to read from any thread
-        i = bisect.bisect_right(starts, address) - 1
-        while i >= 0:
-            block = self._blocks.get(starts[i])
-            if block is not None:
-                # Live blocks never overlap: none further down reaches this one's start.
-                return block if address < starts[i] + block.size else None
-            i -= 1  # a dead block's start; a live block that begins below it may hold address
-        return None
-
-    def _locate(self, tensor: torch.Tensor) -> tuple[Block, int] | None:
-        """The pool block ``tensor``'s memory lies in, and the element offset of its storage's
-        start from the block's start; ``None`` for memory outside every block of the device.
-
-        A tensor on a block's tenant storage, or on the pool's own storage of the block (a
-        scratch alias), is that block's. So is a tensor on any other storage whose address
-        range lies inside a block, live or freed: a raw-pointer alias of pool memory (a storage
-        built from a data pointer), which CUDA sees as the same memory. Such an alias whose
-        start is not a whole number of elements from the block's start, or that reaches past
-        the block's end, stays memory of its own."""
-        storage = tensor.untyped_storage()
-        address = storage.data_ptr()
-        block = self._blocks.get(address)
-        if block is not None and (block.tenant_storage() is storage or block.storage is storage):
-            return block, 0
-        block = self._block_at(address)
-        if block is None:
-            return None
-        start = address - block.data_ptr
-        elements, misaligned = divmod(start, tensor.element_size())
-        if misaligned or start + _storage_bytes(tensor) > block.size:
-            return None
-        return block, elements
 
     def _program_of(self, graph: FakeCUDAGraph) -> Program:
         if not isinstance(graph, FakeCUDAGraph) or graph._device is not self:
             raise TypeError(f"graph must be a CUDAGraph of {self!r}, got {graph!r}")
         return graph.program
 
-    def _host_sync(self, what: str, *, touches_capture: bool) -> None:
-        cap = self._capture
-        if cap is None or cap.closed:
+    def _warm_up(self) -> None:
+        """Capture and replay one small program touching every recorder path, once per
+        process: the first meta-device op imports torch's Python meta kernels and
+        decompositions (about a second), which would otherwise land in the first real
+        capture. Then the counters start from zero."""
+        global _warmed_up
+        if _warmed_up:
             return
-        if (
-            touches_capture
-            or cap.error_mode == "global"
-            or (cap.error_mode == "thread_local" and threading.get_ident() == cap.thread)
-        ):
-            raise self._fail_capture(cap, SyncDuringCapture(what))
-
-    def _begin_capture(
-        self, graph: FakeCUDAGraph, pool: FakePool | None, capture_error_mode: Any
-    ) -> Capture:
-        """Check and begin a capture into ``graph`` on the current stream; the graph holds the
-        returned :class:`Capture`, the device knows it as the active capture."""
-        check_capture_error_mode(capture_error_mode)
-        if self._capture is not None:
-            raise NestedCapture(detail=f"{self._capture.label} is capturing")
-        state = graph.state
-        if state is not GraphState.EMPTY:
-            raise GraphNotEmpty(f"capture_begin() on {graph!r}; reset() it first", state=state)
-        stream = self.current_stream()
-        if stream._is_default:
-            raise DefaultStreamCapture()
-        serial = next(self._serials)
-        label = f"<fake CUDAGraph #{serial}>"
-        if pool is None:
-            pool = self._new_pool(f"private pool of {label}")
-        elif not isinstance(pool, FakePool):
-            raise TypeError(
-                "pool must be a token from graph_pool_handle() or CUDAGraph.pool() of this "
-                f"device, got {pool!r}"
-            )
-        elif pool.device_id != self.id:
-            raise ValueError(f"pool {pool!r} belongs to another FakeDevice than {self!r}")
-        capture = Capture(self, label, stream, pool, capture_error_mode, serial)
-        capture.begin()
-        self._capture = capture
-        return capture
-
-    def _end_capture(self, capture: Capture) -> Program:
-        """End ``capture`` (see :meth:`Capture.end`); the device has no active capture after."""
-        try:
-            program = capture.end()
-        finally:
-            if self._capture is capture:
-                self._capture = None
-        self._captures += 1
-        return program
-
-    def _fail_capture(self, capture: Capture, error: GraphError) -> GraphError:
-        """Abort ``capture`` with ``error`` (the device is clean at once, ``CAP-1``); return the
-        error for the caller to raise."""
-        if not capture.closed:
-            capture.abort(error)
-            self._aborted += 1
-        if self._capture is capture:
-            self._capture = None
-        return error
-
-    def _replay_stream(self) -> FakeStream:
-        """The stream a replay issued now runs on: the current stream, which must not be
-        capturing (a replay inside a capture aborts it with ``UnsupportedInCapture``)."""
-        stream = self.current_stream()
-        cap = self._capture
-        if cap is not None and stream._capture is cap:
-            raise self._fail_capture(
-                cap,
-                UnsupportedInCapture("CUDAGraph.replay", detail="replay inside a capture"),
-            )
-        return stream
-
-    @contextlib.contextmanager
-    def _replaying(self, graph: FakeCUDAGraph) -> Iterator[None]:
-        """Mark ``graph`` as the graph this thread replays for the body (see
-        :meth:`replaying_graph`)."""
-        previous = getattr(self._tls, "replaying", None)
-        self._tls.replaying = graph
-        try:
-            yield
-        finally:
-            self._tls.replaying = previous
-
-    def _replayed(self) -> None:
-        """Count a completed replay (``cache_info().replays``)."""
-        self._replays += 1
+        _warmed_up = True
+        _warm_up_program(self)
+        self.captures.reset_counters()
+        self.meta_cache.reset_counters()
 
 
 # Process-wide because what it warms is: torch's lazy imports of meta kernels happen once per
@@ -568,14 +419,7 @@ class FakeDevice:
 _warmed_up = False
 
 
-def _warm_up(device: FakeDevice) -> None:
-    """Capture and replay one small program touching every recorder path, once per process:
-    the first meta-device op imports torch's Python meta kernels and decompositions (about a
-    second), which would otherwise land in the first real capture."""
-    global _warmed_up
-    if _warmed_up:
-        return
-    _warmed_up = True
+def _warm_up_program(device: FakeDevice) -> None:
     with no_python_dispatch():
         x = torch.linspace(-1.0, 1.0, 16).view(4, 4)
         idx = torch.tensor([0, 2, 1, 3])
@@ -593,6 +437,3 @@ def _warm_up(device: FakeDevice) -> None:
         out[0] = torch.arange(4.0).flip(0)
         torch.cat([out, y.t().reshape(4, 4)]).amax(1).masked_fill(~(out.sum(1) > 0).repeat(2), 0)
     g.replay()
-    del g, y, z, w, v, out
-    device._captures = device._aborted = device._replays = 0
-    device._meta_hits = device._meta_misses = 0

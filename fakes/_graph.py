@@ -28,7 +28,7 @@ stream.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -45,12 +45,9 @@ from spec.protocol import GraphState
 
 from ._allocator import Block, FakePool, MemRef, WeakMemory, WriteStamp, describe_memory
 from ._compat import no_python_dispatch
+from ._mode import Recorder
 from ._ops import ReadRecord, RecordedOp, Slot, fill_slots, flatten_tensors
-
-if TYPE_CHECKING:
-    from ._device import FakeDevice
-    from ._mode import Recorder
-    from ._streams import Capture, FakeStream, StreamOrder
+from ._roles import CaptureRef, DeviceRef, OrderRef, StreamRef
 
 __all__ = ["FakeCUDAGraph", "program_records"]
 
@@ -143,7 +140,7 @@ class Program:
 
         return ([memory(i) for i in self._read_refs], [memory(i) for i in self._write_refs])
 
-    def replay(self, stream: FakeStream, order: StreamOrder, op: str) -> None:
+    def replay(self, stream: StreamRef, order: OrderRef, op: str) -> None:
         """Replay on ``stream``: every hazard check before anything runs (freed memory and
         pool clobbers, :meth:`check`; stream order, ``order.check``), then the ops, then the
         stream is the last writer of what the program wrote. The whole replay is one piece of
@@ -152,7 +149,7 @@ class Program:
         reads, writes = self.memories(alive)
         order.check(stream, op, reads, writes, describe_memory)
         self.run(alive)
-        order.wrote(stream, stream._issue(), op, writes)
+        order.wrote(stream, stream.issue(), op, writes)
 
     def run(self, alive: dict[WeakMemory, torch.UntypedStorage] | None = None) -> None:
         """Run the recorded ops (after :meth:`check`, whose result ``alive`` is)."""
@@ -203,13 +200,13 @@ class FakeCUDAGraph:
        recorded program (``graph_node_count`` works either way).
     """
 
-    _device: ClassVar[FakeDevice]
+    _device: ClassVar[DeviceRef]
 
     def __init__(self, keep_graph: bool = False) -> None:
         if not hasattr(type(self), "_device"):
             raise TypeError("create graphs with device.CUDAGraph(), not FakeCUDAGraph()")
         self.keep_graph = keep_graph
-        self._capture: Capture | None = None  # in progress, or aborted (its error kept)
+        self._capture: CaptureRef | None = None  # in progress, or aborted (its error kept)
         self._program: Program | None = None  # a complete capture
 
     @property
@@ -232,7 +229,7 @@ class FakeCUDAGraph:
         ``capture_error_mode`` and ``TypeError``/``ValueError`` for a ``pool`` that is not a
         pool token of this device.
         """
-        self._capture = self._device._begin_capture(self, pool, capture_error_mode)
+        self._capture = self._device.captures.begin(self, pool, capture_error_mode)
 
     def capture_end(self) -> None:
         """End the capture and make the graph ready.
@@ -244,7 +241,7 @@ class FakeCUDAGraph:
         capture = self._capture
         if capture is None or self._program is not None:
             raise CaptureError(f"capture_end() on {self!r}, which is not capturing")
-        self._program = self._device._end_capture(capture)
+        self._program = self._device.captures.end(capture)
         self._capture = None
 
     def replay(self) -> None:
@@ -259,10 +256,10 @@ class FakeCUDAGraph:
         program = self._program
         if program is None:
             raise GraphNotReady(f"replay() on {self!r}", state=self.state)
-        device = self._device
-        with device._replaying(self):
-            program.replay(device._replay_stream(), device._order, f"{self!r}.replay()")
-        device._replayed()
+        captures = self._device.captures
+        with captures.replaying(self):
+            program.replay(captures.replay_stream(), self._device.order, f"{self!r}.replay()")
+        captures.replayed()
 
     def reset(self) -> None:
         """Drop the recorded work and release the graph's hold on its pool: ``EMPTY``.
@@ -287,6 +284,11 @@ class FakeCUDAGraph:
         otherwise."""
         if self._program is None:
             raise GraphNotReady("instantiate()", state=self.state)
+
+    @property
+    def active_capture(self) -> CaptureRef | None:
+        """The capture in progress into this graph (or the failed one it keeps), or ``None``."""
+        return self._capture
 
     @property
     def program(self) -> Program:

@@ -24,8 +24,7 @@ offset, shape, stride, dtype), never to the Python tensors of the call.
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -33,33 +32,31 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from spec.errors import SyncDuringCapture, UnsupportedInCapture
 
 from ._allocator import (
+    Block,
     MemRef,
     WeakBlock,
     WeakMemory,
     WriteStamp,
     describe_memory,
     external_label,
+    storage_bytes,
 )
 from ._compat import no_python_dispatch
 from ._frames import issuing_frame
 from ._ops import (
+    NO_MEMORY_TOUCHED,
+    OVERWRITE_SELF,
     OpInfo,
     ReadRecord,
     RecordedOp,
     Slot,
-    aten_ops,
     classify_op,
     flatten_tensors,
     handler_for,
-    register_op_handler,
 )
+from ._roles import CaptureRef, DeviceRef
 
-if TYPE_CHECKING:
-    from ._allocator import Block
-    from ._device import FakeDevice
-    from ._streams import Capture
-
-__all__ = ["Recorder", "RecordingMode", "StreamOrderMode"]
+__all__ = ["Recorder", "RecordingMode", "StreamOrderMode", "accesses"]
 
 _META = torch.device("meta")
 
@@ -123,45 +120,6 @@ def _shapes(value: Any) -> Any:
     return None
 
 
-def _storage_bytes(t: torch.Tensor) -> int:
-    """Bytes a tensor of ``t``'s geometry needs from the start of its storage."""
-    if t.numel() == 0:
-        return t.storage_offset() * t.element_size()
-    span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
-    return (t.storage_offset() + span) * t.element_size()
-
-
-class _Uncacheable(Exception):
-    """Internal: an operand the meta cache cannot key on."""
-
-
-_SCALARS = (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.layout,
-            torch.memory_format)
-# Process-wide on purpose: meta kernels are pure functions of the op and the operands'
-# geometry, so one cache serves every device and capture; it holds no tensor and no device state.
-_META_CACHE: dict[Any, Any] = {}
-_META_CACHE_SIZE = 8192
-
-
-def _signature(value: Any) -> Any:
-    """Hashable description of an operand for the meta cache; scalars keep their type
-    (``x + 2`` and ``x + 2.0`` promote differently)."""
-    if isinstance(value, torch.Tensor):
-        return (torch.Tensor, tuple(value.shape), value.stride(), value.dtype)
-    if type(value) in (list, tuple):
-        return (type(value), tuple(_signature(v) for v in value))
-    if isinstance(value, _SCALARS):
-        return (type(value), value)
-    raise _Uncacheable
-
-
-# Ops that write every element of ``self`` without reading it: their target is not a read for
-# hazard checks (the schema marks them ``Tensor(a!)`` like any read-modify-write op).
-_OVERWRITE_SELF = frozenset(
-    aten_ops("copy_.default", "fill_.Scalar", "fill_.Tensor", "zero_.default")
-)
-
-
 class Recorder:
     """Records one capture's ops into a memory-reference table (one recorder per capture).
 
@@ -169,7 +127,7 @@ class Recorder:
     :meth:`allocate_only`, :meth:`keep_alive`, :meth:`fail_sync` and :meth:`fail_unsupported`.
     """
 
-    def __init__(self, device: FakeDevice, capture: Capture) -> None:
+    def __init__(self, device: DeviceRef, capture: CaptureRef) -> None:
         self.device = device
         self.capture = capture
         self.ops: list[RecordedOp] = []
@@ -205,7 +163,7 @@ class Recorder:
         outside every pool weakly by its storage."""
         pool = self.capture.pool
         assert pool is not None
-        located = self.device._locate(t)
+        located = self.device.memory.locate(t)
         if located is None:
             storage = t.untyped_storage()
             block = None
@@ -231,8 +189,8 @@ class Recorder:
         memory-reference index."""
         pool = self.capture.pool
         assert pool is not None
-        block, tenant = pool.allocate(_storage_bytes(like), like.dtype)
-        self.device._register_block(block)
+        block, tenant = pool.allocate(storage_bytes(like), like.dtype)
+        self.device.memory.register_block(block)
         with no_python_dispatch():
             t = torch.empty(0, dtype=like.dtype).set_(
                 tenant, like.storage_offset(), like.shape, like.stride()
@@ -251,11 +209,11 @@ class Recorder:
 
     def fail_sync(self, what: str) -> None:
         """Abort the capture with :class:`SyncDuringCapture` (``CAP-2``)."""
-        raise self.device._fail_capture(self.capture, SyncDuringCapture(what))
+        raise self.device.captures.fail(self.capture, SyncDuringCapture(what))
 
     def fail_unsupported(self, op: str, detail: str | None = None) -> None:
         """Abort the capture with :class:`UnsupportedInCapture` naming ``op`` (``CAP-7``)."""
-        raise self.device._fail_capture(self.capture, UnsupportedInCapture(op, detail=detail))
+        raise self.device.captures.fail(self.capture, UnsupportedInCapture(op, detail=detail))
 
     def allocate_only(self, func: Any, args: Args, kwargs: Kwargs) -> Any:
         """An allocation with no kernel (``empty`` and friends): poisoned pool memory with the
@@ -267,24 +225,10 @@ class Recorder:
 
     def _infer(self, func: Any, args: Any, kwargs: dict[str, Any], info: OpInfo) -> Any:
         """The op's result computed on the meta device: output geometry, and the validation
-        eager mode would do. Cached per op and operand signature (shapes, strides, dtypes and
-        typed constants), like FakeTensorMode's dispatch cache: meta kernels are pure."""
-        try:
-            key = (func, _signature(args), _signature(tuple(sorted(kwargs.items()))))
-        except _Uncacheable:
-            key = None
-        if key is not None:
-            hit = _META_CACHE.get(key)
-            if hit is not None:
-                self.device._meta_hits += 1
-                return hit
-        out = self._infer_uncached(func, args, kwargs, info)
-        if key is not None:
-            self.device._meta_misses += 1
-            if len(_META_CACHE) >= _META_CACHE_SIZE:
-                _META_CACHE.clear()
-            _META_CACHE[key] = out
-        return out
+        eager mode would do, through the device's :class:`~fakes._meta_cache.MetaCache`."""
+        return self.device.meta_cache.infer(
+            func, args, kwargs, lambda: self._infer_uncached(func, args, kwargs, info)
+        )
 
     def _infer_uncached(self, func: Any, args: Any, kwargs: dict[str, Any], info: OpInfo) -> Any:
         meta_args = _to_meta(args)
@@ -327,7 +271,7 @@ class Recorder:
             index = self.memref(value)
             if name in info.written:
                 writes.append(index)
-            if name not in info.out_args and not (name == "self" and func in _OVERWRITE_SELF):
+            if name not in info.out_args and not (name == "self" and func in OVERWRITE_SELF):
                 reads.append(index)
             return Slot(index)
         if type(value) in (list, tuple):
@@ -423,12 +367,12 @@ class Recorder:
         return results[0] if n_returns == 1 else tuple(results)
 
 
-def _accesses(
+def accesses(
     func: Any, info: OpInfo, args: Args, kwargs: Kwargs
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The tensors ``func`` reads and those it writes in place (fresh outputs not included):
     written arguments are the schema's ``Tensor(a!)``; ``out=`` arguments and the targets of
-    :data:`_OVERWRITE_SELF` ops are written without being read."""
+    :data:`OVERWRITE_SELF` ops are written without being read."""
     reads: list[torch.Tensor] = []
     writes: list[torch.Tensor] = []
     names = info.arg_names
@@ -437,7 +381,7 @@ def _accesses(
         if isinstance(value, torch.Tensor):
             if name in info.written:
                 writes.append(value)
-            if name not in info.out_args and not (name == "self" and func in _OVERWRITE_SELF):
+            if name not in info.out_args and not (name == "self" and func in OVERWRITE_SELF):
                 reads.append(value)
         elif type(value) in (list, tuple):
             for v in value:
@@ -467,7 +411,7 @@ class StreamOrderMode(TorchDispatchMode):
     def _should_skip_dynamo(cls) -> bool:
         return False  # as RecordingMode: no dynamo shim on every op
 
-    def __init__(self, device: FakeDevice) -> None:
+    def __init__(self, device: DeviceRef) -> None:
         super().__init__()
         self.device = device
 
@@ -481,15 +425,15 @@ class StreamOrderMode(TorchDispatchMode):
         stream = device.current_stream()
         info = classify_op(func)
         if (
-            stream._capture is not None
+            stream.capture is not None
             or info.kind == "view"
-            or func in _NO_MEMORY_TOUCHED
+            or func in NO_MEMORY_TOUCHED
             or not _on_cpu(args, kwargs)
         ):
             return func(*args, **kwargs)
-        reads, writes = _accesses(func, info, args, kwargs)
-        memory_of = device._memory_of
-        order = device._order
+        reads, writes = accesses(func, info, args, kwargs)
+        memory_of = device.memory.memory_of
+        order = device.order
         written = [memory_of(t) for t in writes]
         order.check(stream, info.name, [memory_of(t) for t in reads], written,
                     describe_memory)
@@ -498,9 +442,9 @@ class StreamOrderMode(TorchDispatchMode):
             if alias is None:
                 written.extend(memory_of(t) for t in flatten_tensors(value)
                                if isinstance(t, torch.Tensor))
-        order.wrote(stream, stream._issue(), info.name, written)
+        order.wrote(stream, stream.issue(), info.name, written)
         if info.kind == "sync":
-            order.host_waited(stream._clock())  # the host read data the stream produced
+            order.host_waited(stream.clock())  # the host read data the stream produced
         return out
 
 
@@ -527,7 +471,7 @@ class RecordingMode(TorchDispatchMode):
         # imports torch._dynamo on first use and costs time on every op. Nothing here compiles.
         return False
 
-    def __init__(self, device: FakeDevice, capture: Capture) -> None:
+    def __init__(self, device: DeviceRef, capture: CaptureRef) -> None:
         super().__init__()
         self.device = device
         self.capture = capture
@@ -543,10 +487,12 @@ class RecordingMode(TorchDispatchMode):
             return NotImplemented
         stream = self.device.current_stream()
         info = classify_op(func)
-        if stream._capture is not cap:
+        if stream.capture is not cap:
             # Issued on a stream outside the capture: CUDA runs it eagerly.
             if info.kind == "sync":
-                self.device._host_sync(f"{info.name} ({info.reason})", touches_capture=False)
+                self.device.captures.host_sync(
+                    f"{info.name} ({info.reason})", touches_capture=False
+                )
             return func(*args, **kwargs)
         recorder = cap.recorder
         assert recorder is not None
@@ -567,97 +513,3 @@ class RecordingMode(TorchDispatchMode):
             recorder.fail_unsupported(info.name, info.reason)
         cap.note_work(stream)
         return recorder.record(func, args, kwargs, info)
-
-
-# ---------------------------------------------------------------------------------------------
-# Dispatch tables: special cases the schema cannot express
-# ---------------------------------------------------------------------------------------------
-
-
-@register_op_handler(
-    aten_ops(
-        "index.Tensor",
-        "index_put.default",
-        "index_put_.default",
-        "_index_put_impl_.default",
-        "_unsafe_index_put.default",
-    )
-)
-def _indexing(recorder: Recorder, func: Any, args: Args, kwargs: Kwargs) -> Any:
-    # Tagged dynamic_output_shape because a boolean mask makes the shape data-dependent;
-    # integer indices do not, and CUDA captures them.
-    indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
-    for index in indices or ():
-        if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8):
-            recorder.fail_sync(f"{func.name()} with a boolean mask (data-dependent shape)")
-    recorder.capture.note_work(recorder.device.current_stream())
-    return recorder.record(func, args, kwargs)
-
-
-_ALLOCATION_OPS = aten_ops(
-    "empty.memory_format",
-    "empty_strided.default",
-    "empty_like.default",
-    "new_empty.default",
-    "new_empty_strided.default",
-    "empty_permuted.default",
-)
-_NO_KERNEL_OPS = aten_ops(
-    "_unsafe_view.default",
-    "is_same_size.default",
-    "sym_size.int",
-    "sym_stride.int",
-    "sym_numel.default",
-    "sym_storage_offset.default",
-)
-_RECORD_STREAM_OPS = aten_ops("record_stream.default")
-# Ops that read and write no memory, for stream order: allocations (fresh memory is nobody's
-# write yet), metadata ops, and the allocator's record_stream (which orders nothing).
-_NO_MEMORY_TOUCHED = frozenset((*_ALLOCATION_OPS, *_NO_KERNEL_OPS, *_RECORD_STREAM_OPS))
-
-
-@register_op_handler(_ALLOCATION_OPS)
-def _allocation(recorder: Recorder, func: Any, args: Args, kwargs: Kwargs) -> Any:
-    # An allocation launches no kernel: pool memory, poisoned, and no recorded op.
-    return recorder.allocate_only(func, args, kwargs)
-
-
-@register_op_handler(aten_ops("lift_fresh.default"))
-def _host_constant(recorder: Recorder, func: Any, args: Args, kwargs: Kwargs) -> Any:
-    # torch.tensor(data) inside a capture: CUDA bakes host data into the graph, so the graph
-    # owns the constant instead of holding it weakly (it would die right after the call).
-    recorder.keep_alive(args[0])
-    return recorder.passthrough(func, args, kwargs)
-
-
-@register_op_handler(aten_ops("lift_fresh_copy.default"))
-def _host_constant_copy(
-    recorder: Recorder, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    recorder.keep_alive(args[0])
-    return NotImplemented
-
-
-@register_op_handler(_NO_KERNEL_OPS)
-def _no_kernel(recorder: Recorder, func: Any, args: Args, kwargs: Kwargs) -> Any:
-    # _unsafe_view aliases its input without a schema alias annotation; the sym_* and
-    # is_same_size ops read metadata only. None of them launches a kernel.
-    return recorder.passthrough(func, args, kwargs)
-
-
-@register_op_handler(_RECORD_STREAM_OPS)
-def _record_stream(recorder: Recorder, func: Any, args: Args, kwargs: Kwargs) -> Any:
-    # Allocator bookkeeping only; the fake's pools do not need it.
-    return None
-
-
-@register_op_handler(aten_ops("resize_.default", "resize_as_.default"))
-def _resize(recorder: Recorder, func: Any, args: Args, kwargs: Kwargs) -> Any:
-    target = args[0]
-    size = args[1].shape if isinstance(args[1], torch.Tensor) else args[1]
-    needed = (target.storage_offset() + math.prod(size)) * target.element_size()
-    if needed > target.untyped_storage().nbytes():
-        recorder.fail_unsupported(
-            func.name(), "resizing beyond the storage would allocate outside the capture's pool"
-        )
-    return recorder.passthrough(func, args, kwargs)

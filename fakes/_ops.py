@@ -269,3 +269,35 @@ def flatten_tensors(value: Any) -> list[Any]:
         return [value]
     return []
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables of special ops (facts the schema cannot express)
+# ---------------------------------------------------------------------------------------------
+
+OVERWRITE_SELF = frozenset(
+    aten_ops("copy_.default", "fill_.Scalar", "fill_.Tensor", "zero_.default")
+)
+"""Ops that write every element of ``self`` without reading it: their target is not a read for
+hazard checks (the schema marks them ``Tensor(a!)`` like any read-modify-write op)."""
+
+ALLOCATION_OPS = aten_ops(
+    "empty.memory_format",
+    "empty_strided.default",
+    "empty_like.default",
+    "new_empty.default",
+    "new_empty_strided.default",
+    "empty_permuted.default",
+)
+NO_KERNEL_OPS = aten_ops(
+    "_unsafe_view.default",
+    "is_same_size.default",
+    "sym_size.int",
+    "sym_stride.int",
+    "sym_numel.default",
+    "sym_storage_offset.default",
+)
+RECORD_STREAM_OPS = aten_ops("record_stream.default")
+# Ops that read and write no memory, for stream order: allocations (fresh memory is nobody's
+# write yet), metadata ops, and the allocator's record_stream (which orders nothing).
+NO_MEMORY_TOUCHED = frozenset((*ALLOCATION_OPS, *NO_KERNEL_OPS, *RECORD_STREAM_OPS))

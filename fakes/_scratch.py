@@ -27,20 +27,18 @@ import itertools
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from spec.errors import PoolClobber
 
-from ._allocator import Block, FakePool, WriteStamp
+from ._allocator import Block, FakePool, WriteStamp, storage_bytes
 from ._compat import no_python_dispatch
-from ._mode import _NO_MEMORY_TOUCHED, _accesses, _storage_bytes
-from ._ops import classify_op, flatten_tensors
-
-if TYPE_CHECKING:
-    from ._device import FakeDevice
+from ._mode import accesses
+from ._ops import NO_MEMORY_TOUCHED, classify_op, flatten_tensors
+from ._roles import DeviceRef
 
 __all__ = ["FakeCaptureScratch"]
 
@@ -49,13 +47,14 @@ class FakeCaptureScratch:
     """Scratch tracking for one breakable capture into ``pool`` (see the module docstring).
     Blocks of the pool live when it is made are never scratch."""
 
-    def __init__(self, device: FakeDevice, pool: FakePool) -> None:
+    def __init__(self, device: DeviceRef, pool: FakePool) -> None:
         self._device = device
         self._pool_ref = weakref.ref(pool)  # the capture keeps the pool; this must not
         self._pool_id = pool.id
         self._before = {(b.id, b.gen) for b in pool.blocks() if b.tenant_storage() is not None}
         self._aliased: dict[int, tuple[torch.Tensor, Block, int]] = {}  # id(alias) -> ...
-        self._serial = next(device._serials)  # the graph number of this capture's eager writes
+        # The graph number of this capture's eager writes.
+        self._serial = device.captures.next_serial()
         self._writes = itertools.count()
 
     @contextmanager
@@ -84,13 +83,13 @@ class FakeCaptureScratch:
                 # What the results reach of the storage, not all of it (a slice of a workspace).
                 nbytes = extents[storage.data_ptr()]
                 block, tenant = pool.allocate(nbytes, value.dtype)
-                self._device._register_block(block)
+                self._device.memory.register_block(block)
                 with no_python_dispatch():
                     dest = torch.empty(0, dtype=torch.uint8).set_(tenant, 0, (nbytes,))
                     dest.copy_(torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,)))
                 # Beside the modes, which would keep the original alive; stream order is told.
                 stream = self._device.current_stream()
-                self._device._order.wrote(stream, stream._issue(), "adopt", [block])
+                self._device.order.wrote(stream, stream.issue(), "adopt", [block])
                 copies[storage.data_ptr()] = tenant
             with no_python_dispatch():
                 out.append(torch.empty(0, dtype=value.dtype).set_(
@@ -106,7 +105,7 @@ class FakeCaptureScratch:
             if isinstance(value, torch.Tensor) and value.layout == torch.strided:
                 # By address, as CUDA's tracker finds blocks: a raw-pointer alias of a block
                 # is that block's memory.
-                located = self._device._locate(value)
+                located = self._device.memory.locate(value)
             if located is None:
                 out.append(None)
                 continue
@@ -156,7 +155,7 @@ class _ReplayWatch(TorchDispatchMode):
         return False
 
     def __init__(
-        self, device: FakeDevice, blocks: dict[Block, int], stamps: dict[Block, WriteStamp],
+        self, device: DeviceRef, blocks: dict[Block, int], stamps: dict[Block, WriteStamp],
         label: str,
     ) -> None:
         super().__init__()
@@ -171,9 +170,9 @@ class _ReplayWatch(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         info = classify_op(func)
-        if info.kind == "view" or func in _NO_MEMORY_TOUCHED:
+        if info.kind == "view" or func in NO_MEMORY_TOUCHED:
             return func(*args, **kwargs)
-        reads, writes = _accesses(func, info, args, kwargs)
+        reads, writes = accesses(func, info, args, kwargs)
         for t in reads:
             block = self._watched(t)
             if block is None or block in self._written:
@@ -194,7 +193,7 @@ class _ReplayWatch(TorchDispatchMode):
     def _watched(self, t: torch.Tensor) -> Block | None:
         if t.layout != torch.strided:
             return None
-        memory = self._device._memory_of(t)
+        memory = self._device.memory.memory_of(t)
         return memory if memory in self._blocks else None  # type: ignore[return-value]
 
     def __exit__(self, *exc: Any) -> None:
@@ -240,5 +239,5 @@ def _extents(values: Sequence[Any]) -> dict[int, int]:
     for t in values:
         if isinstance(t, torch.Tensor):
             ptr = t.untyped_storage().data_ptr()
-            extents[ptr] = max(extents.get(ptr, 1), _storage_bytes(t))
+            extents[ptr] = max(extents.get(ptr, 1), storage_bytes(t))
     return extents

@@ -29,19 +29,17 @@ import itertools
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from spec.errors import CaptureInvalidated, StreamRace, UnjoinedStream
 
+from ._allocator import FakePool
 from ._compat import remove_dispatch_mode
 from ._graph import Program
 from ._mode import Recorder, RecordingMode
-
-if TYPE_CHECKING:
-    from ._allocator import FakePool
-    from ._device import FakeDevice
+from ._roles import DeviceRef
 
 __all__ = ["FakeEvent", "FakeStream", "StreamOrder"]
 
@@ -73,7 +71,7 @@ class Capture:
 
     def __init__(
         self,
-        device: FakeDevice,
+        device: DeviceRef,
         label: str,
         origin: FakeStream,
         pool: FakePool,
@@ -97,7 +95,7 @@ class Capture:
 
     def begin(self) -> None:
         """Start recording: the origin stream captures, the recording mode is pushed."""
-        self.origin._capture = self
+        self.origin.enter_capture(self, {})
         assert self.mode is not None
         self.mode.__enter__()
 
@@ -136,8 +134,7 @@ class Capture:
     def _close(self) -> None:
         self.closed = True
         for stream in self.streams:
-            stream._capture = None
-            stream._absorbed = {}
+            stream.leave_capture()
         self.unjoined.clear()
         self.pool = None
         self.recorder = None
@@ -146,16 +143,15 @@ class Capture:
     # -- forks ----------------------------------------------------------------------------------
 
     def fork(self, stream: FakeStream, covers: dict[FakeStream, int]) -> None:
-        stream._capture = self
-        stream._absorbed = dict(covers)
+        stream.enter_capture(self, covers)
         self.streams.append(stream)
         self.note_work(stream)
 
     def note_work(self, stream: FakeStream) -> None:
         """Work (or a fork) issued on ``stream``: a forked stream is unjoined until joined."""
-        stream._seq += 1
+        seq = stream.next_capture_seq()
         if stream is not self.origin:
-            self.unjoined[stream] = stream._seq
+            self.unjoined[stream] = seq
 
     def join(self, covers: dict[FakeStream, int]) -> None:
         for stream, seq in covers.items():
@@ -174,14 +170,13 @@ class FakeStream:
     ``device.Stream.wait_stream`` for the duration of a capture (``DEV-1``).
     """
 
-    _device: ClassVar[FakeDevice]
+    _device: ClassVar[DeviceRef]
 
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
         if not hasattr(type(self), "_device"):
             raise TypeError("create streams with device.Stream(), not FakeStream()")
         self.priority = priority
         self.stream_id = next(_stream_ids)
-        self._is_default = False
         self._capture: Capture | None = None
         self._seq = 0
         self._absorbed: dict[FakeStream, int] = {}
@@ -189,7 +184,7 @@ class FakeStream:
         # and, per other stream, the latest of its work this stream is ordered after.
         self._issued = 0
         self._waited: dict[FakeStream, int] = {}
-        self._device._order.streams.add(self)
+        self._device.order.add_stream(self)
 
     @property
     def device(self) -> torch.device:
@@ -198,7 +193,35 @@ class FakeStream:
     @property
     def is_default(self) -> bool:
         """Whether this is the device's default stream (which cannot capture, ``CAP-3``)."""
-        return self._is_default
+        return self is self._device.default_stream()
+
+    @property
+    def capture(self) -> Capture | None:
+        """The capture this stream belongs to now (its origin, or forked into it), or
+        ``None``."""
+        return self._capture
+
+    # -- capture membership (written here only; a Capture calls these) -----------------------
+
+    def enter_capture(self, capture: Capture, covers: dict[FakeStream, int]) -> None:
+        """Join ``capture`` (as its origin, or forked into it by a wait on work ``covers``)."""
+        self._capture = capture
+        self._absorbed = dict(covers)
+
+    def leave_capture(self) -> None:
+        """Leave the capture (it ended or aborted)."""
+        self._capture = None
+        self._absorbed = {}
+
+    def next_capture_seq(self) -> int:
+        """Number a new piece of work (or a fork) issued on this stream inside its capture."""
+        self._seq += 1
+        return self._seq
+
+    def capture_covers(self) -> dict[FakeStream, int]:
+        """The captured work an event recorded on this stream now marks: this stream's, and
+        what it absorbed from the streams it waited on."""
+        return {self: self._seq, **self._absorbed}
 
     def wait_stream(self, stream: FakeStream) -> None:
         """Make later work on ``self`` wait for the work issued so far on ``stream``.
@@ -224,7 +247,7 @@ class FakeStream:
             # A capturing stream may depend only on work of its own capture: CUDA refuses a
             # wait on an event recorded outside it (cudaErrorStreamCaptureIsolation) and
             # invalidates the capture (CAP-6).
-            raise self._device._fail_capture(
+            raise self._device.captures.fail(
                 own,
                 CaptureInvalidated(
                     f"{self!r} waited on {event!r}, which was recorded outside the capture",
@@ -246,10 +269,14 @@ class FakeStream:
 
     # -- stream order (owned here: only these two methods write _issued and _waited) ----------
 
-    def _issue(self) -> int:
+    def issue(self) -> int:
         """Number a new piece of eager work (an op or a replay) issued on this stream."""
         self._issued += 1
         return self._issued
+
+    def waited_for(self, stream: FakeStream) -> int:
+        """The latest work of ``stream`` this stream is ordered after (0: none)."""
+        return self._waited.get(stream, 0)
 
     def _order_after(self, clock: dict[FakeStream, int]) -> None:
         """Order later work on this stream after the work ``clock`` covers (a wait)."""
@@ -258,7 +285,7 @@ class FakeStream:
             if stream is not self and waited.get(stream, 0) < seq:
                 waited[stream] = seq
 
-    def _clock(self) -> dict[FakeStream, int]:
+    def clock(self) -> dict[FakeStream, int]:
         """What work on this stream so far is ordered after, itself included."""
         return {**self._waited, self: self._issued}
 
@@ -273,19 +300,21 @@ class FakeStream:
         """Always ``True`` (the CPU ran everything). A host sync: ``SyncDuringCapture`` on a
         stream of a capture, and on any stream unless ``capture_error_mode="relaxed"``; later
         work on any stream is ordered after this stream's work so far (``ORD-1``)."""
-        self._device._host_sync(f"{self!r}.query()", touches_capture=self._capture is not None)
-        self._device._order.host_waited(self._clock())
+        self._device.captures.host_sync(
+            f"{self!r}.query()", touches_capture=self._capture is not None
+        )
+        self._device.order.host_waited(self.clock())
         return True
 
     def synchronize(self) -> None:
         """A host sync (see :meth:`query`); orders later work as :meth:`query` does."""
-        self._device._host_sync(
+        self._device.captures.host_sync(
             f"{self!r}.synchronize()", touches_capture=self._capture is not None
         )
-        self._device._order.host_waited(self._clock())
+        self._device.order.host_waited(self.clock())
 
     def __repr__(self) -> str:
-        kind = "default stream" if self._is_default else f"stream {self.stream_id}"
+        kind = "default stream" if self.is_default else f"stream {self.stream_id}"
         capturing = ", capturing" if self._capture is not None else ""
         return f"<fake {kind}{capturing}>"
 
@@ -298,7 +327,7 @@ class FakeEvent:
     ``SyncDuringCapture`` (``CAP-2``).
     """
 
-    _device: ClassVar[FakeDevice]
+    _device: ClassVar[DeviceRef]
 
     def __init__(
         self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
@@ -318,11 +347,11 @@ class FakeEvent:
         """Record the event on ``stream`` (the current stream if ``None``)."""
         if stream is None:
             stream = self._device.current_stream()
-        cap = stream._capture
+        cap = stream.capture
         self._recorded = True
         self._capture = cap
-        self._covers = {stream: stream._seq, **stream._absorbed} if cap is not None else {}
-        self._order = stream._clock() if cap is None else {}
+        self._covers = stream.capture_covers() if cap is not None else {}
+        self._order = stream.clock() if cap is None else {}
 
     def wait(self, stream: FakeStream | None = None) -> None:
         """Make ``stream`` (the current stream if ``None``) wait for the event."""
@@ -336,22 +365,26 @@ class FakeEvent:
     def query(self) -> bool:
         """Always ``True`` outside capture. A host sync (see :meth:`FakeStream.query`): later
         work on any stream is ordered after the work the event marks (``ORD-1``)."""
-        self._device._host_sync(f"{self!r}.query()", touches_capture=self._in_live_capture())
-        self._device._order.host_waited(self._order)
+        self._device.captures.host_sync(
+            f"{self!r}.query()", touches_capture=self._in_live_capture()
+        )
+        self._device.order.host_waited(self._order)
         return True
 
     def synchronize(self) -> None:
         """A host sync (see :meth:`query`); orders later work as :meth:`query` does."""
-        self._device._host_sync(
+        self._device.captures.host_sync(
             f"{self!r}.synchronize()", touches_capture=self._in_live_capture()
         )
-        self._device._order.host_waited(self._order)
+        self._device.order.host_waited(self._order)
 
     def elapsed_time(self, end_event: FakeEvent) -> float:
         """``0.0``: the fake keeps no time. Both events need ``enable_timing=True``."""
         if not (self.enable_timing and end_event.enable_timing):
             raise ValueError("elapsed_time needs both events created with enable_timing=True")
-        self._device._host_sync("Event.elapsed_time()", touches_capture=self._in_live_capture())
+        self._device.captures.host_sync(
+            "Event.elapsed_time()", touches_capture=self._in_live_capture()
+        )
         return 0.0
 
     def __repr__(self) -> str:
@@ -393,10 +426,15 @@ class StreamOrder:
     """
 
     def __init__(self) -> None:
-        self.streams: weakref.WeakSet[FakeStream] = weakref.WeakSet()
+        self._streams: weakref.WeakSet[FakeStream] = weakref.WeakSet()
         # Weak: a stream nobody holds issues no more work, so what the host knows of it can go.
         self.host: weakref.WeakKeyDictionary[FakeStream, int] = weakref.WeakKeyDictionary()
         self._last: weakref.WeakKeyDictionary[Memory, LastWrite] = weakref.WeakKeyDictionary()
+
+    def add_stream(self, stream: FakeStream) -> None:
+        """Know ``stream`` (every stream of the device registers at creation), so that a
+        device synchronize covers it."""
+        self._streams.add(stream)
 
     def host_waited(self, clock: dict[FakeStream, int]) -> None:
         """The host waited for the work ``clock`` covers (a synchronize or a query)."""
@@ -407,14 +445,14 @@ class StreamOrder:
 
     def synchronize(self) -> None:
         """The host waited for all work of every stream (``device.synchronize()``)."""
-        for stream in list(self.streams):
-            self.host_waited(stream._clock())
+        for stream in list(self._streams):
+            self.host_waited(stream.clock())
 
     def _ordered(self, stream: FakeStream, last: LastWrite) -> bool:
         writer = last.stream
         return (
             writer is stream
-            or stream._waited.get(writer, 0) >= last.seq
+            or stream.waited_for(writer) >= last.seq
             or self.host.get(writer, 0) >= last.seq
         )
 

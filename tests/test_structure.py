@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("impl/breakable",)
+PACKAGES = ("fakes", "impl/breakable")
 """Packages held to both rules."""
 
 _MUTATORS = frozenset({

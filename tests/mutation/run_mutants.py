@@ -6,7 +6,8 @@ must defend (``[tool.mutmut]`` in ``pyproject.toml`` mutates exactly these):
 
 - ``registry``: ``impl/registry/*.py``
 - ``breakable``: ``impl/breakable/*.py`` but ``_profile.py``
-- ``fake``: ``fakes/_allocator.py`` and ``fakes/_graph.py``
+- ``fake``: ``fakes/_allocator.py``, ``fakes/_graph.py``, and the owners of the device's state,
+  ``fakes/_memory.py`` (the memory table) and ``fakes/_capture_state.py`` (the capture state)
 
 Profiling (``impl/breakable/_profile.py`` and ``BreakableCUDAGraph.profile_replay``) is a
 measurement aid (issue 12), not conformance behaviour: no clause covers it, so it is not mutated
@@ -51,7 +52,8 @@ TARGET = 0.90
 GROUPS: dict[str, tuple[str, ...]] = {
     "registry": ("impl/registry/*.py",),
     "breakable": ("impl/breakable/*.py",),
-    "fake": ("fakes/_allocator.py", "fakes/_graph.py"),
+    "fake": ("fakes/_allocator.py", "fakes/_graph.py", "fakes/_memory.py",
+             "fakes/_capture_state.py"),
 }
 # Matched by a group's pattern but not mutated: profiling, a measurement aid no clause covers
 # (``do_not_mutate`` in ``[tool.mutmut]`` says the same to mutmut).

@@ -1,0 +1,94 @@
+"""The device's memory table: every pool of a :class:`~fakes.FakeDevice` and every block they
+handed out, known by address, so that any tensor can be attributed to the memory CUDA would
+see (a pool block at an offset, or memory outside every pool)."""
+
+from __future__ import annotations
+
+import bisect
+import weakref
+from typing import Any
+
+import torch
+
+from ._allocator import Block, FakePool, storage_bytes
+
+__all__ = ["MemoryTable"]
+
+
+class MemoryTable:
+    """The pools of one device and their blocks by start address (one owner: only this table
+    writes them). Streams, graphs, the recorder and scratch tracking ask it where a tensor's
+    memory lies (:meth:`locate`, :meth:`memory_of`); pools are made here (:meth:`new_pool`)
+    and every block a pool hands out is registered here (:meth:`register_block`)."""
+
+    def __init__(self, device_id: int) -> None:
+        self.device_id = device_id
+        self._blocks: weakref.WeakValueDictionary[int, Block] = weakref.WeakValueDictionary()
+        self._starts: list[int] = []
+        self._pools: weakref.WeakSet[FakePool] = weakref.WeakSet()
+
+    def new_pool(self, owner: str) -> FakePool:
+        """A new pool of this device; ``owner`` names it in messages."""
+        pool = FakePool(self.device_id, owner)
+        self._pools.add(pool)
+        return pool
+
+    def pools(self) -> list[FakePool]:
+        """The pools still alive (held by a token, a graph, or a live tensor on a block)."""
+        return list(self._pools)
+
+    def register_block(self, block: Block) -> None:
+        """Make ``block`` (just handed out by one of this device's pools) known by address."""
+        start = block.data_ptr
+        if self._blocks.get(start) is block:
+            return
+        self._blocks[start] = block
+        starts = self._starts
+        if len(starts) >= 2 * len(self._blocks) + 64:
+            # Starts of dead blocks (their pools released) pile up; drop them now and then.
+            self._starts = sorted(self._blocks.keys())
+        else:
+            i = bisect.bisect_left(starts, start)
+            if i == len(starts) or starts[i] != start:
+                self._starts = [*starts[:i], start, *starts[i:]]
+
+    def block_at(self, address: int) -> Block | None:
+        """The live block of this device whose memory holds byte ``address``, if any."""
+        starts = self._starts  # replaced, never changed in place: safe to read from any thread
+        i = bisect.bisect_right(starts, address) - 1
+        while i >= 0:
+            block = self._blocks.get(starts[i])
+            if block is not None:
+                # Live blocks never overlap: none further down reaches this one's start.
+                return block if address < starts[i] + block.size else None
+            i -= 1  # a dead block's start; a live block that begins below it may hold address
+        return None
+
+    def locate(self, tensor: torch.Tensor) -> tuple[Block, int] | None:
+        """The pool block ``tensor``'s memory lies in, and the element offset of its storage's
+        start from the block's start; ``None`` for memory outside every block of the device.
+
+        A tensor on a block's tenant storage, or on the pool's own storage of the block (a
+        scratch alias), is that block's. So is a tensor on any other storage whose address
+        range lies inside a block, live or freed: a raw-pointer alias of pool memory (a storage
+        built from a data pointer), which CUDA sees as the same memory. Such an alias whose
+        start is not a whole number of elements from the block's start, or that reaches past
+        the block's end, stays memory of its own."""
+        storage = tensor.untyped_storage()
+        address = storage.data_ptr()
+        block = self._blocks.get(address)
+        if block is not None and (block.tenant_storage() is storage or block.storage is storage):
+            return block, 0
+        block = self.block_at(address)
+        if block is None:
+            return None
+        start = address - block.data_ptr
+        elements, misaligned = divmod(start, tensor.element_size())
+        if misaligned or start + storage_bytes(tensor) > block.size:
+            return None
+        return block, elements
+
+    def memory_of(self, tensor: torch.Tensor) -> Any:
+        """What stream order keys ``tensor``'s memory by: its pool block, or its storage."""
+        located = self.locate(tensor)
+        return located[0] if located is not None else tensor.untyped_storage()
