@@ -83,7 +83,7 @@ def cpu(session: nox.Session) -> None:
         "--xfail-file=examples/engine_breakable.xfail",
         "--",
         "-k",
-        "breakable or lifecycle or capture_errors or regressions",
+        "breakable or lifecycle or capture_errors",
     )
 
 

@@ -22,17 +22,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._adapter import (
+    from .plugin._adapter import (
         BREAKABLE_NAMES,
         REGISTRY_NAMES,
         RUNNER_NAMES,
         RUNNER_OPTIONAL_NAMES,
         Part,
     )
-    from ._backend import Adapter, Backend, Capability, MissingPart, load_backend
-    from ._isolation import ErrorInfo, Outcome, ScenarioContext, run_scenario
-    from ._oplog import OpLog
-    from ._report import (
+    from .plugin._backend import Adapter, Backend, Capability, MissingPart, load_backend
+    from .plugin._isolation import ErrorInfo, Outcome, ScenarioContext, run_scenario
+    from .plugin._report import (
         ClauseStatus,
         ClauseViolation,
         LevelStatus,
@@ -42,31 +41,32 @@ if TYPE_CHECKING:
         summary_lines,
         write_report,
     )
+    from .scenarios._oplog import OpLog
 
 _EXPORTS: dict[str, str] = {
-    "Adapter": "_backend",
-    "BREAKABLE_NAMES": "_adapter",
-    "Backend": "_backend",
-    "Capability": "_backend",
-    "ClauseStatus": "_report",
-    "ClauseViolation": "_report",
-    "ErrorInfo": "_isolation",
-    "LevelStatus": "_report",
-    "MissingPart": "_backend",
-    "OpLog": "_oplog",
-    "Outcome": "_isolation",
-    "Part": "_adapter",
-    "REGISTRY_NAMES": "_adapter",
-    "RUNNER_NAMES": "_adapter",
-    "RUNNER_OPTIONAL_NAMES": "_adapter",
-    "ScenarioContext": "_isolation",
-    "TestOutcome": "_report",
-    "TestResult": "_report",
-    "fold": "_report",
-    "load_backend": "_backend",
-    "run_scenario": "_isolation",
-    "summary_lines": "_report",
-    "write_report": "_report",
+    "Adapter": "plugin._backend",
+    "BREAKABLE_NAMES": "plugin._adapter",
+    "Backend": "plugin._backend",
+    "Capability": "plugin._backend",
+    "ClauseStatus": "plugin._report",
+    "ClauseViolation": "plugin._report",
+    "ErrorInfo": "plugin._isolation",
+    "LevelStatus": "plugin._report",
+    "MissingPart": "plugin._backend",
+    "OpLog": "scenarios._oplog",
+    "Outcome": "plugin._isolation",
+    "Part": "plugin._adapter",
+    "REGISTRY_NAMES": "plugin._adapter",
+    "RUNNER_NAMES": "plugin._adapter",
+    "RUNNER_OPTIONAL_NAMES": "plugin._adapter",
+    "ScenarioContext": "plugin._isolation",
+    "TestOutcome": "plugin._report",
+    "TestResult": "plugin._report",
+    "fold": "plugin._report",
+    "load_backend": "plugin._backend",
+    "run_scenario": "plugin._isolation",
+    "summary_lines": "plugin._report",
+    "write_report": "plugin._report",
 }
 
 __all__ = [

@@ -31,8 +31,8 @@ import os
 import subprocess
 import sys
 
-from ._backend import load_backend
 from .plugin import DEFAULT_BACKEND, ENV_VAR, LEVEL_CHOICES
+from .plugin._backend import load_backend
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"conformance: error: --backend {args.backend}: {error}", file=sys.stderr)
         return 2
     if args.model:
-        from ._user_model import load_model_factory
+        from .scenarios._user_model import load_model_factory
 
         try:
             load_model_factory(args.model)

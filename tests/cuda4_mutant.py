@@ -1,7 +1,7 @@
 """pytest plugin: the ``CUDA-4`` mutant. CudaDevice's capture quiet is switched off, so the
 collector may run, and graphs die, in the middle of a capture (what engines' runners did)."""
 
-from impl.cuda import _cuda_device
+from impl.cuda import _graph
 
 
 class _Off:
@@ -15,4 +15,4 @@ class _Off:
         return False
 
 
-_cuda_device._QUIET = _Off()
+_graph._QUIET = _Off()  # where the graph class reads it

@@ -20,8 +20,8 @@ import torch
 import fakes
 import impl
 import spec
-from conformance import test_registry as registry_tests
-from conformance._scenarios import CAPTURE_FAILURES
+from conformance.scenarios import CAPTURE_FAILURES
+from conformance.tests.registry import test_slots_fills_and_views as registry_tests
 from fakes import _streams
 
 

@@ -13,7 +13,7 @@ import torch
 import impl
 import spec
 from conformance import OpLog
-from conformance._scenarios import fork_across_break
+from conformance.scenarios import fork_across_break
 from impl import (
     BreakableCUDAGraph,
     BreakableCUDAGraphCapture,

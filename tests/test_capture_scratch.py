@@ -1,7 +1,7 @@
 """Graph scratch tracking (``capture_scratch(pool)``, ``spec.CaptureScratch``) on both devices:
 which memory counts as a capture's own scratch, that its aliases keep nothing allocated, and
 that the results a break's eager call allocated are copied into the pool. Breakable graphs
-build on it (``BCG-7``, ``conformance/test_breakable.py`` and ``test_regressions.py``); this
+build on it (``BCG-7``, ``conformance/tests/breakable/``); this
 checks the devices' answers directly. The CUDA cases run in ``nox -s gpu``."""
 
 from __future__ import annotations

@@ -159,7 +159,8 @@ def test_cuda4_regression_fails_on_its_mutant() -> None:
     invalidated capture can leave the process unusable."""
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "conformance.plugin",
-         "-p", "tests.cuda4_mutant", "--pyargs", "conformance.test_capture_replay",
+         "-p", "tests.cuda4_mutant", "--pyargs",
+         "conformance.tests.capture.test_capture_and_replay",
          "-k", "collected_during", "--backend=cuda", "-p", "no:cacheprovider"],
         capture_output=True, text=True, check=False, timeout=300,
     )

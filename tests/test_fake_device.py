@@ -1,8 +1,7 @@
 """The fake as a device module, where it goes beyond the protocol: its class hierarchy, the
 ``stream(None)`` and ``instantiate()`` conveniences of ``torch.cuda``, host constants and
 inference mode. The protocol itself, registration, counters, warm-up and the op registry are
-checked by the conformance suite (``conformance/test_device_protocol.py``,
-``conformance/test_simulator.py``)."""
+checked by the conformance suite (``conformance/tests/device/``)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ Runs in ``nox -s gpu`` (skipped without CUDA by ``tests/conftest.py``). Programs
 so only hazard-free programs can agree. Its stream order (``ORD-1``) cannot trip here: inputs are
 written and graphs replayed on the default stream, and the capture stream only records; the
 runner programs order their capture stream with the default stream themselves (checked on the
-fake by ``conformance/test_stream_order.py``). CUDA is driven through ``torch.cuda`` directly, never
+fake by ``conformance/tests/streams/``). CUDA is driven through ``torch.cuda`` directly, never
 through ``impl``. How many programs were compared is printed at the end of the module (visible
 with ``-s``) and written to ``reports/fake_vs_cuda.txt``.
 """

@@ -204,7 +204,7 @@ def test_the_plugin_attributes_each_failure_to_the_clauses_it_broke(
     suite.mkdir()
     (suite / "test_probe.py").write_text(_PROBE)
     (suite / "pytest.ini").write_text("[pytest]\n")
-    monkeypatch.setattr(plugin, "_PACKAGE_DIR", suite.resolve())
+    monkeypatch.setattr(plugin, "_TESTS_DIR", suite.resolve())
     code = pytest.main([
         str(suite), "-c", str(suite / "pytest.ini"), "--rootdir", str(suite), "-q",
         # -p: where the package is not installed (nox -s gpu), its entry point is not either.

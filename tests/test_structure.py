@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("fakes", "impl/breakable")
+PACKAGES = ("fakes", "impl/breakable", "impl/cuda")
 """Packages held to both rules."""
 
 _MUTATORS = frozenset({

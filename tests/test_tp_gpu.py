@@ -3,7 +3,7 @@
 
 Only correct programs run here (and the guard that refuses a mismatched step before anything
 launches): a collective replayed from a graph escapes NCCL's watchdog, so mismatches are
-tested on the multi-rank fake (``conformance/test_tensor_parallel.py``).
+tested on the multi-rank fake (``conformance/tests/parallel/``).
 """
 
 from __future__ import annotations

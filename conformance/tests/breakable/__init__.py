@@ -1,0 +1,1 @@
+"""Conformance tests of breakable graphs (``BCG-*``)."""

@@ -1,0 +1,2 @@
+"""Conformance tests of capture errors, capture and replay, the graph lifecycle and the error
+taxonomy (``CAP-*``, ``RPL-*``, ``LIFE-*``, ``ERR-*``)."""

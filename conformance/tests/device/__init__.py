@@ -1,0 +1,2 @@
+"""Conformance tests of the device protocol, the simulator and fidelity to CUDA (``DEV-*``,
+``FAKE-*``, ``CUDA-*``)."""

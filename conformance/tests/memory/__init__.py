@@ -1,0 +1,1 @@
+"""Conformance tests of memory pools and the hazards of shared memory (``MEM-*``)."""

@@ -1,0 +1,1 @@
+"""Conformance tests of tensor-parallel graphs (``TP-*``)."""

@@ -1,0 +1,1 @@
+"""Conformance tests of the graph runners and the model contract (``RUN-*``, ``MODEL-*``)."""

@@ -1,0 +1,109 @@
+"""The vLLM-style graph manager: runtime modes, the dispatcher's table, routing, and a draft
+model's prefill through ``run_pw_graph``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import impl
+from conformance.scenarios import expect_close, make_model, make_runner, optional_runner, run_steps
+
+
+@pytest.fixture(scope="module")
+def manager_api(runner_api: Any) -> Any:
+    for name in ("CUDAGraphMode", "CudagraphDispatcher", "BatchDescriptor", "CudaGraphManager"):
+        optional_runner(runner_api, name)
+    return runner_api
+
+
+@pytest.mark.clause("RUN-10")
+def test_mode_helpers(manager_api) -> None:
+    mode = manager_api.CUDAGraphMode
+    table = {  # decode, mixed, separate, valid at run time
+        mode.NONE: (mode.NONE, mode.NONE, False, True),
+        mode.PIECEWISE: (mode.PIECEWISE, mode.PIECEWISE, False, True),
+        mode.FULL: (mode.FULL, mode.FULL, False, True),
+        mode.FULL_DECODE_ONLY: (mode.FULL, mode.NONE, True, False),
+        mode.FULL_AND_PIECEWISE: (mode.FULL, mode.PIECEWISE, True, False),
+    }
+    for m, expected in table.items():
+        found = (m.decode_mode(), m.mixed_mode(), m.separate_routine(), m.valid_runtime_modes())
+        assert found == expected, f"{m}: {found}, expected {expected}"
+        assert m.has_full_cudagraphs() is (mode.FULL in expected[:2]), m
+        assert m.has_piecewise_cudagraphs() is (mode.PIECEWISE in expected[:2]), m
+
+
+@pytest.mark.clause("RUN-10")
+def test_dispatch_table(manager_api) -> None:
+    mode, desc = manager_api.CUDAGraphMode, manager_api.BatchDescriptor
+    sizes, max_reqs = [1, 2, 4, 8, 16], 4
+    expected = {  # (mode, num_tokens, uniform) -> (runtime mode, descriptor)
+        (mode.NONE, 3, True): (mode.NONE, desc(3)),
+        (mode.PIECEWISE, 3, True): (mode.PIECEWISE, desc(4)),
+        (mode.PIECEWISE, 9, False): (mode.PIECEWISE, desc(16)),
+        (mode.FULL, 3, True): (mode.FULL, desc(4, 4, True)),
+        (mode.FULL, 9, False): (mode.FULL, desc(16)),
+        (mode.FULL_DECODE_ONLY, 3, True): (mode.FULL, desc(4, 4, True)),
+        (mode.FULL_DECODE_ONLY, 3, False): (mode.NONE, desc(3)),
+        (mode.FULL_DECODE_ONLY, 8, True): (mode.NONE, desc(8)),  # 8 requests > max_num_reqs
+        (mode.FULL_AND_PIECEWISE, 3, True): (mode.FULL, desc(4, 4, True)),
+        (mode.FULL_AND_PIECEWISE, 3, False): (mode.PIECEWISE, desc(4)),
+        (mode.FULL_AND_PIECEWISE, 17, False): (mode.NONE, desc(17)),
+    }
+    for (m, n, uniform), want in expected.items():
+        got = manager_api.CudagraphDispatcher(m, sizes, max_reqs).dispatch(n, uniform)
+        assert got == want, f"{m.name}, {n} tokens, uniform={uniform}: {got}, expected {want}"
+
+
+@pytest.mark.clause("RUN-10", "RUN-11")
+@pytest.mark.parametrize("mode_name", ["NONE", "PIECEWISE", "FULL_DECODE_ONLY",
+                                       "FULL_AND_PIECEWISE"])
+def test_manager_routes_and_matches_eager(device, manager_api, mode_name) -> None:
+    mode = getattr(manager_api.CUDAGraphMode, mode_name)
+    runner = make_runner(device, "dense")
+    manager = manager_api.CudaGraphManager(runner, mode, capture_sizes=[1, 2, 4, 8, 16, 32])
+    manager.capture()
+    calls: list[str] = []
+    backend = runner.attn_backend
+    plain = backend.forward
+
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(args[4].forward_mode.name)
+        return plain(*args, **kwargs)
+
+    backend.forward = counted  # type: ignore[method-assign]
+    runner.forward = manager.execute  # type: ignore[method-assign]
+    prompts = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
+    steps: list[tuple[str, list[int]]] = [("extend", [0, 1, 2]), ("decode", [0, 1, 2]),
+                                          ("decode", [0, 1])]
+    expected = run_steps(make_runner(device, "dense"), steps, prompts)
+    for i, (a, e) in enumerate(zip(run_steps(runner, steps, prompts), expected, strict=True)):
+        expect_close(a, e, f"{mode_name}, step {i}")
+    decode_calls = calls.count("DECODE")
+    full_decode = mode.decode_mode() is manager_api.CUDAGraphMode.FULL
+    # A FULL replay runs no Python attention (it never breaks); eager decode calls it per layer.
+    assert (decode_calls == 0) is full_decode, f"{mode_name}: {decode_calls} decode attention calls"
+
+
+@pytest.mark.clause("RUN-10")
+def test_draft_prefill_through_run_pw_graph_equals_eager(device, manager_api) -> None:
+    target = make_runner(device, "dense")
+    manager = manager_api.CudaGraphManager(
+        target, manager_api.CUDAGraphMode.FULL_AND_PIECEWISE, capture_sizes=[4, 8, 16])
+    draft_graphs = make_runner(device, "draft", model=make_model(device, "draft"))
+    draft_eager = make_runner(device, "draft", model=make_model(device, "draft"))
+    hidden = torch.randn(7, 32, generator=torch.Generator().manual_seed(0)).to(device.device)
+    results = []
+    for runner, run in ((draft_graphs, lambda b: manager.run_pw_graph(draft_graphs, b)),
+                        (draft_eager, draft_eager.forward_eager)):
+        requests = [runner.new_request([1, 2, 3]), runner.new_request([4, 5, 6, 7])]
+        batch = runner._batch(impl.ForwardMode.EXTEND, requests, [r.prompt for r in requests])
+        batch.hidden_states = hidden
+        results.append(run(batch))
+        for r in requests:
+            runner.release(r)
+    expect_close(results[0], results[1], "draft prefill")
+    assert manager.init_breakable_cg_runner(draft_graphs).stats.replays == 1

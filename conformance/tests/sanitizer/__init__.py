@@ -1,0 +1,1 @@
+"""Conformance tests of the capture sanitizer (``SAN-*``)."""

@@ -1,0 +1,1 @@
+"""Conformance tests of stream order (``ORD-*``)."""
