@@ -14,6 +14,7 @@ timeout: a wait ends when the call completes, fails, or cannot complete.
 from __future__ import annotations
 
 import itertools
+import pickle
 import threading
 import weakref
 from collections.abc import Callable
@@ -69,7 +70,10 @@ _KINDS: dict[Any, CollectiveKind] = {_OPS[0]: "all_reduce", _OPS[1]: "all_gather
 def _member(group: int, rank: int) -> FakeCommunicator:
     found = _GROUPS.get(group)
     if found is None:
-        raise RuntimeError(f"fake process group {group} no longer exists")
+        raise CollectiveMismatch(detail=(
+            f"fake process group {group} no longer exists: a graph replayed a collective after "
+            "its group was gone (release graphs before their process group, TP-8)"
+        ))
     return found.member(rank)
 
 
@@ -96,6 +100,11 @@ class FakeProcessGroup:
 
     Once a call fails, the group stays failed: every later call on any rank raises the same
     :class:`spec.CollectiveMismatch` (as a process group is aborted after an error).
+
+    A wait ends only when the call completes, fails, or a rank it waits for has *left*:
+    :func:`run_ranks` makes every rank leave when its function returns or raises. Code that
+    drives a group itself must call :meth:`leave` for each rank that stops, or a rank waiting
+    for it waits forever.
     """
 
     def __init__(self, world_size: int) -> None:
@@ -198,7 +207,7 @@ class FakeProcessGroup:
             if self._taken[k] == self.world_size:
                 del self._payloads[k], self._taken[k]
             if kind == "exchange":
-                self._steps[rank] = repr(payload)[:_STEP_CHARS]
+                self._steps[rank] = repr(pickle.loads(payload))[:_STEP_CHARS]
             return list(values)
 
 
@@ -237,8 +246,11 @@ class FakeCommunicator:
         self.group._call(self.rank, "barrier", None, None, None, "eager", None)
 
     def exchange(self, value: Any) -> list[Any]:
-        """Every rank's ``value``, in rank order."""
-        return self.group._call(self.rank, "exchange", value, None, None, "eager", None)
+        """Every rank's ``value``, in rank order: each rank gets its own copies (pickled, as a
+        process group sends them; an unpicklable value fails here as it would there)."""
+        sent = pickle.dumps(value)
+        values = self.group._call(self.rank, "exchange", sent, None, None, "eager", None)
+        return [pickle.loads(v) for v in values]
 
     def _device_call(self, kind: CollectiveKind, x: torch.Tensor) -> torch.Tensor:
         """The kernel of a device collective, run eagerly or by a replay: matched, then the sum

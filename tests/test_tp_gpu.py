@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,35 +36,42 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_ranks(task: str, out_dir: Path) -> list[dict[str, Any]]:
-    """``python -m tests.tp_worker task out_dir`` on every GPU at once; each process is killed
-    after :data:`TIMEOUT_S` seconds. The ranks' JSON results, in rank order."""
+def run_ranks(task: str, out_dir: Path, module: str = "tests.tp_worker") -> list[dict[str, Any]]:
+    """``python -m <module> task out_dir`` on every GPU at once, killed together once
+    :data:`TIMEOUT_S` seconds have passed since the start (one deadline for all ranks; each
+    rank's output goes to ``out_dir/rank<r>.log``, so no pipe can fill and block a rank). The
+    ranks' JSON results, in rank order."""
     out_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     root = Path(__file__).resolve().parent.parent
-    procs = []
+    procs, logs = [], []
     for rank in range(WORLD):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+        log = open(out_dir / f"rank{rank}.log", "w")
+        logs.append(log)
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tests.tp_worker", task, str(out_dir)], env=env, cwd=root,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [sys.executable, "-m", module, task, str(out_dir)], env=env, cwd=root,
+            stdout=log, stderr=subprocess.STDOUT,
         ))
-    outputs, hung = [], []
-    for rank, proc in enumerate(procs):
-        try:
-            out, _ = proc.communicate(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            out, _ = proc.communicate()
-            hung.append(rank)
-        outputs.append(out)
-    log = "\n".join(f"--- rank {r} (exit {p.returncode}) ---\n{o[-4000:]}"
-                    for r, (p, o) in enumerate(zip(procs, outputs, strict=True)))
-    assert not hung, f"ranks {hung} ran past {TIMEOUT_S} s and were killed\n{log}"
-    assert all(p.returncode == 0 for p in procs), f"a rank failed\n{log}"
+    deadline = time.monotonic() + TIMEOUT_S
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    hung = [r for r, p in enumerate(procs) if p.poll() is None]
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    for log in logs:
+        log.close()
+    text = "\n".join(
+        f"--- rank {r} (exit {p.returncode}) ---\n"
+        f"{(out_dir / f'rank{r}.log').read_text()[-4000:]}"
+        for r, p in enumerate(procs)
+    )
+    assert not hung, f"ranks {hung} ran past {TIMEOUT_S} s and were killed\n{text}"
+    assert all(p.returncode == 0 for p in procs), f"a rank failed\n{text}"
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 

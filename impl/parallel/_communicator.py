@@ -15,9 +15,11 @@ class TorchCommunicator:
     (``barrier``, ``exchange``) on a gloo group, so runners decide with no device sync.
 
     Construction is collective (every rank constructs it, in the same order): it makes the gloo
-    group unless ``cpu_group`` is given, and runs one all-reduce on ``device`` so that the device
-    communicator exists before any capture (a communicator created lazily inside a capture is
-    not capturable).
+    group of the world unless ``cpu_group`` is given, and runs one all-reduce on ``device`` so
+    that the device communicator exists before any capture (a communicator created lazily
+    inside a capture is not capturable). For a subgroup ``group`` pass its gloo twin as
+    ``cpu_group`` (``torch.distributed.new_group`` must be called by every rank of the world for
+    each group, so this class cannot make it): the same ranks, in the same order.
 
     ``all_reduce`` and ``all_gather`` wait for their own work on the current stream, so a
     captured collective and its wait sit in one captured region. Release every graph that
@@ -38,7 +40,19 @@ class TorchCommunicator:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
-        self.cpu_group = cpu_group if cpu_group is not None else dist.new_group(backend="gloo")
+        if cpu_group is None:
+            if group is not None:
+                raise ValueError(
+                    "cpu_group is required with a subgroup: pass the gloo group of the same "
+                    "ranks (new_group(ranks, backend='gloo'), made by every rank of the world)"
+                )
+            cpu_group = dist.new_group(backend="gloo")
+        ranks = dist.get_process_group_ranks
+        if group is not None and ranks(cpu_group) != ranks(group):
+            raise ValueError(
+                f"cpu_group holds ranks {ranks(cpu_group)}, group holds {ranks(group)}"
+            )
+        self.cpu_group = cpu_group
         warm = torch.ones(1, device=device)
         dist.all_reduce(warm, group=group)
         if int(warm.item()) != self.world_size:

@@ -56,7 +56,16 @@ class TensorParallelCausalLM(CausalLM):
 
     def __init__(self, full: CausalLM, communicator: Any) -> None:
         nn.Module.__init__(self)
-        world, rank = int(communicator.world_size), int(communicator.rank)
+        world, rank = communicator.world_size, communicator.rank
+        for name, value in (("world_size", world), ("rank", rank)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"communicator.{name} must be an int, got {value!r}")
+        if world < 1 or not 0 <= rank < world:
+            raise ValueError(f"communicator has rank {rank} of world size {world}")
+        if not isinstance(full, CausalLM) or isinstance(full, TensorParallelCausalLM):
+            raise TypeError(
+                f"full must be a one-rank reference CausalLM, got {type(full).__name__}"
+            )
         c = full.config
         if c.kind not in TP_KINDS:
             raise NotImplementedError(

@@ -70,6 +70,11 @@ def check_communicator(name: str, communicator: Any, tensor_parallel_size: int) 
             )
         return None
     world = getattr(communicator, "world_size", None)
+    if world is None:
+        raise TypeError(
+            f"{name}: communicator must be a spec.Communicator (rank, world_size, all_reduce, "
+            f"all_gather, barrier, exchange), got {communicator!r}"
+        )
     if world != tensor_parallel_size:
         raise ValueError(
             f"{name}: communicator has world size {world!r}, the model is sharded over "

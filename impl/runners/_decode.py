@@ -70,8 +70,8 @@ class CudaGraphRunner:
        copy).
 
     ``runner(batch)`` is the gate of one release (``decide``, then ``run`` or the target's
-    eager :meth:`~impl.GraphTarget.forward`); :meth:`replay` decides and runs, raising when no
-    graph serves the batch.
+    eager :meth:`~impl.GraphTarget.forward`); :meth:`replay` decides on this rank alone and
+    runs, raising when no graph serves the batch.
 
     Inputs come from :func:`impl.build_decode_registry` (``is_hybrid_swa`` for sliding-window
     models). For those, ``set_swa_loc(<the registry's out_cache_loc_swa buffer>)`` is installed
@@ -149,9 +149,14 @@ class CudaGraphRunner:
             "build_registry", self, self._build_registry
         )
         if self.communicator is not None:
-            check_same(self.communicator, "the decode capture ladder and warm-ups",
-                       (self.capture_bs, self.num_warmups, self.metadata_in_graph))
-        self.capture()
+            check_same(self.communicator, "the decode capture ladder, warm-ups and sanitizer",
+                       (self.capture_bs, self.num_warmups, self.metadata_in_graph,
+                        self.sanitize))
+        try:
+            self.capture()
+        except BaseException:
+            self.close()  # sizes captured before the failure
+            raise
 
     def register_hook(self, step: str, hook: Callable[..., Any]) -> RemovableHandle:
         """Wrap one of the steps listed in the class docstring with
@@ -343,7 +348,9 @@ class CudaGraphRunner:
         return entry.output[:raw].clone()
 
     def replay(self, batch: ForwardBatch) -> torch.Tensor:
-        """:meth:`run` of the size that serves ``batch``; :class:`ValueError` when none does."""
+        """:meth:`run` of the size that serves ``batch`` on this rank alone
+        (:meth:`local_key`, never exchanged: under tensor parallelism call :meth:`decide`, then
+        :meth:`run`); :class:`ValueError` when none does."""
         bs = self.local_key(batch)
         if bs is None:
             raise ValueError(

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import torch
 
-from spec import DeviceModule, RunnerConfig
+from spec import DecisionMismatch, DeviceModule, RunnerConfig
 
 from ..breakable import default_capture_stream
 from ..models import ForwardBatch, ForwardMode, HybridSWAKVCache, KVCache, TorchAttentionBackend
@@ -200,18 +200,22 @@ class ModelRunner:
         )
         self.decode_runner: Any = None
         self.prefill_runner: Any = None
-        if prefill == "breakable":
-            make = prefill_runner or (
-                lambda mr, sizes: BreakableCudaGraphRunner(
-                    mr.graph_target(), capture_num_tokens=sizes
+        try:
+            if prefill == "breakable":
+                make = prefill_runner or (
+                    lambda mr, sizes: BreakableCudaGraphRunner(
+                        mr.graph_target(), capture_num_tokens=sizes
+                    )
                 )
-            )
-            self.prefill_runner = make(self, capture_num_tokens)
-        if decode_cuda_graph:
-            make = decode_runner or (
-                lambda mr, sizes: CudaGraphRunner(mr.graph_target(), capture_bs=sizes)
-            )
-            self.decode_runner = make(self, capture_bs)
+                self.prefill_runner = make(self, capture_num_tokens)
+            if decode_cuda_graph:
+                make = decode_runner or (
+                    lambda mr, sizes: CudaGraphRunner(mr.graph_target(), capture_bs=sizes)
+                )
+                self.decode_runner = make(self, capture_bs)
+        except BaseException:
+            self.close()  # the graphs captured so far go before the caller sees the error
+            raise
 
     def graph_target(self) -> GraphTarget:
         """What graph runners wrap (:class:`~impl.GraphTarget`): the model, backend and cache,
@@ -389,16 +393,28 @@ class ModelRunner:
         logits ``[bs, vocab]`` of each request's last new token."""
         if chunks is None:
             chunks = [r.prompt[r.seq_len:] for r in requests]
-        batch = self._batch(ForwardMode.EXTEND, requests, [list(c) for c in chunks])
-        logits = self.forward(batch)
-        self._after_step(requests)
-        return logits
+        return self._step(ForwardMode.EXTEND, requests, [list(c) for c in chunks])
 
     def decode(self, requests: Sequence[Request]) -> torch.Tensor:
         """One decode step feeding each request its last token; logits ``[bs, vocab]``."""
         last = [[r.output_ids[-1] if r.output_ids else r.prompt[-1]] for r in requests]
-        batch = self._batch(ForwardMode.DECODE, requests, last)
-        logits = self.forward(batch)
+        return self._step(ForwardMode.DECODE, requests, last)
+
+    def _step(
+        self, mode: ForwardMode, requests: Sequence[Request], new_tokens: list[list[int]]
+    ) -> torch.Tensor:
+        """Build the batch (allocating its KV slots) and run it. A step the ranks refused
+        (:class:`spec.DecisionMismatch`: nothing launched) gives its slots back, so every
+        rank's requests and cache are as before the step (``TP-2``)."""
+        held = [len(r.slots) for r in requests]
+        batch = self._batch(mode, requests, new_tokens)
+        try:
+            logits = self.forward(batch)
+        except DecisionMismatch:
+            for r, n in zip(requests, held, strict=True):
+                taken, r.slots = r.slots[n:], r.slots[:n]
+                self.kv_cache.free_tokens(taken)
+            raise
         self._after_step(requests)
         return logits
 

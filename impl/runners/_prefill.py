@@ -141,10 +141,15 @@ class BreakableCudaGraphRunner:
         self._counter = StatsCounter()
         self.registry = self._build_registry()
         if self.communicator is not None:
-            check_same(self.communicator, "the prefill capture ladder and warm-ups",
-                       (self.capture_num_tokens if self.enabled else [], self.num_warmups))
+            check_same(self.communicator, "the prefill capture ladder, warm-ups and sanitizer",
+                       (self.capture_num_tokens if self.enabled else [], self.num_warmups,
+                        self.sanitize))
         if self.layer_stack is not None:
-            self.capture()
+            try:
+                self.capture()
+            except BaseException:
+                self.close()  # token counts captured before the failure
+                raise
 
     def register_hook(self, step: str, hook: Callable[..., Any]) -> RemovableHandle:
         """Wrap one of the steps listed in the class docstring with
@@ -380,8 +385,9 @@ class BreakableCudaGraphRunner:
         return logits
 
     def replay(self, batch: ForwardBatch) -> torch.Tensor:
-        """:meth:`run` of the token count that serves ``batch``; :class:`ValueError` when none
-        does."""
+        """:meth:`run` of the token count that serves ``batch`` on this rank alone
+        (:meth:`local_key`, never exchanged: under tensor parallelism call :meth:`decide`, then
+        :meth:`run`); :class:`ValueError` when none does."""
         padded = self.local_key(batch)
         if padded is None:
             raise ValueError(

@@ -108,15 +108,21 @@ def test_uneven_batches_are_refused_before_launch(backend: Any) -> None:
     DecisionMismatch on every rank, with no collective launched after the exchange."""
 
     def rank(ctx: Any) -> Any:
+        runner = _model_runner(ctx)
+        requests = [runner.new_request(p) for p in _PROMPTS[:3]]
+        runner.extend(requests)
+        runner.decode(requests)
         with pytest.raises(spec.DecisionMismatch) as info:
-            _steps(ctx)
+            runner.decode(requests[: 3 - ctx.rank])
         calls = ctx.communicator.group.sequences()[ctx.rank]
         assert calls[-1].kind == "exchange", f"launched after the exchange: {calls[-1]}"
-        return repr(info.value.decisions)
+        # The refused step gave its KV slots back: the ranks are in step again.
+        runner.decode(requests)
+        return repr(info.value.decisions), [r.seq_len for r in requests]
 
-    decisions = _ranks(backend, rank)
-    assert decisions[0] == decisions[1]
-    assert "bs=3" in decisions[0] and "bs=2" in decisions[0], decisions[0]
+    (decisions, lengths), (decisions_1, lengths_1) = _ranks(backend, rank)
+    assert decisions == decisions_1 and lengths == lengths_1, (lengths, lengths_1)
+    assert "bs=3" in decisions and "bs=2" in decisions, decisions
 
 
 @pytest.mark.clause("TP-2")
