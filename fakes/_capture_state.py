@@ -43,19 +43,39 @@ class CaptureState:
 
     def __init__(self, device: Any) -> None:
         self._device = device
-        self.active: Capture | None = None
+        self._active: Capture | None = None
         self._serials = itertools.count(1)
         self._tls = threading.local()
-        self.captures = 0
-        self.aborted = 0
-        self.replays = 0
+        self._captures = 0
+        self._aborted = 0
+        self._replays = 0
+
+    @property
+    def active(self) -> Capture | None:
+        """The capture in progress, or ``None``."""
+        return self._active
+
+    @property
+    def captures(self) -> int:
+        """Completed captures."""
+        return self._captures
+
+    @property
+    def aborted(self) -> int:
+        """Captures ended by an error."""
+        return self._aborted
+
+    @property
+    def replays(self) -> int:
+        """Completed replays."""
+        return self._replays
 
     def next_serial(self) -> int:
         """A new number for a capture or a breakable capture's scratch (per device)."""
         return next(self._serials)
 
     def reset_counters(self) -> None:
-        self.captures = self.aborted = self.replays = 0
+        self._captures = self._aborted = self._replays = 0
 
     # -- captures ---------------------------------------------------------------------------------
 
@@ -63,8 +83,8 @@ class CaptureState:
         """Check and begin a capture into ``graph`` on the current stream; the graph holds the
         returned :class:`~fakes._streams.Capture`, this state knows it as ``active``."""
         check_capture_error_mode(capture_error_mode)
-        if self.active is not None:
-            raise NestedCapture(detail=f"{self.active.label} is capturing")
+        if self._active is not None:
+            raise NestedCapture(detail=f"{self._active.label} is capturing")
         state = graph.state
         if state is not GraphState.EMPTY:
             raise GraphNotEmpty(f"capture_begin() on {graph!r}; reset() it first", state=state)
@@ -85,7 +105,7 @@ class CaptureState:
             raise ValueError(f"pool {pool!r} belongs to another FakeDevice than {device!r}")
         capture = Capture(device, label, stream, pool, capture_error_mode, serial)
         capture.begin()
-        self.active = capture
+        self._active = capture
         return capture
 
     def end(self, capture: Capture) -> Program:
@@ -93,9 +113,9 @@ class CaptureState:
         try:
             program = capture.end()
         finally:
-            if self.active is capture:
-                self.active = None
-        self.captures += 1
+            if self._active is capture:
+                self._active = None
+        self._captures += 1
         return program
 
     def fail(self, capture: Capture, error: GraphError) -> GraphError:
@@ -103,15 +123,15 @@ class CaptureState:
         error for the caller to raise."""
         if not capture.closed:
             capture.abort(error)
-            self.aborted += 1
-        if self.active is capture:
-            self.active = None
+            self._aborted += 1
+        if self._active is capture:
+            self._active = None
         return error
 
     def host_sync(self, what: str, *, touches_capture: bool) -> None:
         """A host synchronisation: :class:`spec.SyncDuringCapture` (failing the capture) when
         it touches the capture, in every mode, or per the capture's error mode otherwise."""
-        cap = self.active
+        cap = self._active
         if cap is None or cap.closed:
             return
         if (
@@ -127,7 +147,7 @@ class CaptureState:
         """The stream a replay issued now runs on: the current stream, which must not be
         capturing (a replay inside a capture aborts it with ``UnsupportedInCapture``)."""
         stream = self._device.current_stream()
-        cap = self.active
+        cap = self._active
         if cap is not None and stream.capture is cap:
             raise self.fail(
                 cap, UnsupportedInCapture("CUDAGraph.replay", detail="replay inside a capture")
@@ -150,4 +170,4 @@ class CaptureState:
 
     def replayed(self) -> None:
         """Count a completed replay."""
-        self.replays += 1
+        self._replays += 1

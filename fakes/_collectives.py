@@ -44,7 +44,7 @@ _STEP_CHARS = 120
 
 @torch.library.custom_op("cudagraph_fake::all_reduce_", mutates_args=("x",))
 def _all_reduce_(x: torch.Tensor, group: int, rank: int) -> None:
-    total = _member(group, rank)._device_call("all_reduce", x)
+    total = _member(group, rank).device_call("all_reduce", x)
     x.copy_(total)
 
 
@@ -55,7 +55,7 @@ def _all_reduce_meta(x: torch.Tensor, group: int, rank: int) -> None:
 
 @torch.library.custom_op("cudagraph_fake::all_gather", mutates_args=())
 def _all_gather(x: torch.Tensor, group: int, rank: int, world_size: int) -> torch.Tensor:
-    return _member(group, rank)._device_call("all_gather", x)
+    return _member(group, rank).device_call("all_gather", x)
 
 
 @_all_gather.register_fake
@@ -82,7 +82,7 @@ def _captured_collective(recorder: Recorder, func: Any, args: Any, kwargs: Any) 
     """A collective issued on a capturing stream: matched with the other ranks as a
     ``"capture"`` call (every rank must capture it at the same point), then recorded."""
     x, group, rank = args[0], args[1], args[2]
-    _member(group, rank).group._call(
+    _member(group, rank).group.call(
         rank, _KINDS[func], None, tuple(x.shape), _dtype_name(x), "capture",
         recorder.capture.label,
     )
@@ -175,7 +175,7 @@ class FakeProcessGroup:
         index, sequences, left = self._failure
         return CollectiveMismatch(index, sequences, left)
 
-    def _call(
+    def call(
         self, rank: int, kind: CollectiveKind, payload: Any, shape: tuple[int, ...] | None,
         dtype: str | None, mode: CollectiveMode, graph: str | None,
     ) -> list[Any]:
@@ -243,22 +243,22 @@ class FakeCommunicator:
 
     def barrier(self) -> None:
         """Return once every rank called it."""
-        self.group._call(self.rank, "barrier", None, None, None, "eager", None)
+        self.group.call(self.rank, "barrier", None, None, None, "eager", None)
 
     def exchange(self, value: Any) -> list[Any]:
         """Every rank's ``value``, in rank order: each rank gets its own copies (pickled, as a
         process group sends them; an unpicklable value fails here as it would there)."""
         sent = pickle.dumps(value)
-        values = self.group._call(self.rank, "exchange", sent, None, None, "eager", None)
+        values = self.group.call(self.rank, "exchange", sent, None, None, "eager", None)
         return [pickle.loads(v) for v in values]
 
-    def _device_call(self, kind: CollectiveKind, x: torch.Tensor) -> torch.Tensor:
+    def device_call(self, kind: CollectiveKind, x: torch.Tensor) -> torch.Tensor:
         """The kernel of a device collective, run eagerly or by a replay: matched, then the sum
         (``all_reduce``) or the stack (``all_gather``) of every rank's ``x``."""
         graph = self.device.replaying_graph()
         mode: CollectiveMode = "eager" if graph is None else "replay"
         label = None if graph is None else repr(graph).rsplit(" ", 1)[0] + ">"
-        values = self.group._call(
+        values = self.group.call(
             self.rank, kind, x.detach().clone(), tuple(x.shape), _dtype_name(x), mode, label,
         )
         if kind == "all_gather":

@@ -87,6 +87,27 @@ class WeakTensorRef:
     def __repr__(self) -> str:
         return f"<weak ref to {self._label}: {list(self.shape)} {self.dtype}>"
 
+    def storage(self) -> torch.UntypedStorage:
+        """The storage of the memory now: the block's current allocation, whatever storage was
+        aliased. :class:`spec.PoolClobber` once the block went to another allocation
+        (``MEM-4``), :class:`spec.FreedMemoryAccess` once the memory was freed (``MEM-3``)."""
+        block = self._block
+        if block is not None and block.gen != self._gen:
+            raise PoolClobber(
+                block.describe(self._gen),
+                None,
+                expected=f"allocation {self._gen}",
+                found=f"allocation {block.gen}",
+            )
+        if block is not None:
+            storage = block.tenant_storage()
+        else:
+            assert self._storage is not None
+            storage = self._storage()
+        if storage is None:
+            raise FreedMemoryAccess(self._label)
+        return storage
+
 
 class FakeDevice:
     """A CPU device module with the shape of ``torch.cuda`` that simulates CUDA graphs.
@@ -154,7 +175,7 @@ class FakeDevice:
         """Stream order: every stream registers with it at creation (``ORD-*``)."""
         self.memory = MemoryTable(self.id)
         """The device's pools and their blocks by address."""
-        self.captures = CaptureState(self)
+        self.capture_state = CaptureState(self)
         """The capture in progress, the replays per thread, and their counters."""
         self.meta_cache = MetaCache()
         """The recorder's shape inferences, and their hit and miss counters."""
@@ -219,7 +240,7 @@ class FakeDevice:
         ordered after all work issued so far (``ORD-1``). ``SyncDuringCapture`` during a
         capture, in every ``capture_error_mode`` (it waits on the capturing stream, ``CAP-2``).
         """
-        self.captures.host_sync("synchronize()", touches_capture=True)
+        self.capture_state.host_sync("synchronize()", touches_capture=True)
         self.order.synchronize()
 
     def is_current_stream_capturing(self) -> bool:
@@ -285,7 +306,7 @@ class FakeDevice:
                         detail=type(exc).__name__,
                     )
                     err.__cause__ = exc
-                    self.captures.fail(capture, err)
+                    self.capture_state.fail(capture, err)
                 capture.release_mode()  # the capture's bracket: outside any dispatch now
                 raise
             cuda_graph.capture_end()
@@ -319,7 +340,7 @@ class FakeDevice:
     def replaying_graph(self) -> FakeCUDAGraph | None:
         """The graph whose replay runs on this thread now (its recorded ops are executing), or
         ``None``: what a collective run by a replay reports as its origin (``TP-7``)."""
-        return self.captures.replaying_graph()
+        return self.capture_state.replaying_graph()
 
     # -- weak references ----------------------------------------------------------------------
 
@@ -337,21 +358,7 @@ class FakeDevice:
         """
         if not isinstance(handle, WeakTensorRef):
             raise TypeError(f"handle must come from weak_ref_tensor(), got {handle!r}")
-        block = handle._block
-        if block is not None and block.gen != handle._gen:
-            raise PoolClobber(
-                block.describe(handle._gen),
-                None,
-                expected=f"allocation {handle._gen}",
-                found=f"allocation {block.gen}",
-            )
-        if block is not None:
-            storage = block.tenant_storage()  # the allocation's, whatever storage was aliased
-        else:
-            assert handle._storage is not None
-            storage = handle._storage()
-        if storage is None:
-            raise FreedMemoryAccess(handle._label)
+        storage = handle.storage()
         with no_python_dispatch():
             return torch.empty(0, dtype=handle.dtype).set_(
                 storage, handle.offset, handle.shape, handle.stride
@@ -375,16 +382,16 @@ class FakeDevice:
         pools = self.memory.pools()
         blocks = [b for p in pools for b in p.blocks()]
         live = sum(1 for b in blocks if b.tenant_storage() is not None)
-        captures, meta = self.captures, self.meta_cache
+        state, meta = self.capture_state, self.meta_cache
         return FakeDeviceInfo(
             pools=len(pools),
             blocks=len(blocks),
             live_blocks=live,
             free_blocks=len(blocks) - live,
             reserved_bytes=sum(b.size for b in blocks),
-            captures=captures.captures,
-            aborted_captures=captures.aborted,
-            replays=captures.replays,
+            captures=state.captures,
+            aborted_captures=state.aborted,
+            replays=state.replays,
             meta_cache_hits=meta.hits,
             meta_cache_misses=meta.misses,
         )
@@ -410,7 +417,7 @@ class FakeDevice:
             return
         _warmed_up = True
         _warm_up_program(self)
-        self.captures.reset_counters()
+        self.capture_state.reset_counters()
         self.meta_cache.reset_counters()
 
 

@@ -229,7 +229,7 @@ class FakeCUDAGraph:
         ``capture_error_mode`` and ``TypeError``/``ValueError`` for a ``pool`` that is not a
         pool token of this device.
         """
-        self._capture = self._device.captures.begin(self, pool, capture_error_mode)
+        self._capture = self._device.capture_state.begin(self, pool, capture_error_mode)
 
     def capture_end(self) -> None:
         """End the capture and make the graph ready.
@@ -241,7 +241,7 @@ class FakeCUDAGraph:
         capture = self._capture
         if capture is None or self._program is not None:
             raise CaptureError(f"capture_end() on {self!r}, which is not capturing")
-        self._program = self._device.captures.end(capture)
+        self._program = self._device.capture_state.end(capture)
         self._capture = None
 
     def replay(self) -> None:
@@ -256,10 +256,10 @@ class FakeCUDAGraph:
         program = self._program
         if program is None:
             raise GraphNotReady(f"replay() on {self!r}", state=self.state)
-        captures = self._device.captures
-        with captures.replaying(self):
-            program.replay(captures.replay_stream(), self._device.order, f"{self!r}.replay()")
-        captures.replayed()
+        state = self._device.capture_state
+        with state.replaying(self):
+            program.replay(state.replay_stream(), self._device.order, f"{self!r}.replay()")
+        state.replayed()
 
     def reset(self) -> None:
         """Drop the recorded work and release the graph's hold on its pool: ``EMPTY``.

@@ -54,8 +54,18 @@ class MetaCache:
     dispatch cache; operands it cannot key on are inferred every time and not counted."""
 
     def __init__(self) -> None:
-        self.hits = 0
-        self.misses = 0
+        self._hits = 0
+        self._misses = 0
+
+    @property
+    def hits(self) -> int:
+        """Look-ups served from the table."""
+        return self._hits
+
+    @property
+    def misses(self) -> int:
+        """Look-ups computed and added to the table."""
+        return self._misses
 
     def infer(self, func: Any, args: Any, kwargs: dict[str, Any],
               compute: Callable[[], Any]) -> Any:
@@ -67,10 +77,10 @@ class MetaCache:
             return compute()
         hit = _ENTRIES.get(key)
         if hit is not None:
-            self.hits += 1
+            self._hits += 1
             return hit
         out = compute()
-        self.misses += 1
+        self._misses += 1
         if len(_ENTRIES) >= MAX_ENTRIES:
             _ENTRIES.clear()
         _ENTRIES[key] = out
@@ -78,7 +88,7 @@ class MetaCache:
 
     def reset_counters(self) -> None:
         """Zero the counters (the device's warm-up does, after priming the table)."""
-        self.hits = self.misses = 0
+        self._hits = self._misses = 0
 
     def cache_info(self) -> MetaCacheInfo:
-        return MetaCacheInfo(self.hits, self.misses, len(_ENTRIES))
+        return MetaCacheInfo(self._hits, self._misses, len(_ENTRIES))

@@ -6,7 +6,7 @@ ordered pipeline:
 
 1. ops issued on a stream outside the capture run eagerly (host syncs among them follow
    ``capture_error_mode``); ops on another device's tensors raise ``UnsupportedInCapture``;
-2. a registered special case (dispatch tables at the bottom of this module) handles the op;
+2. a registered special case (``fakes._handlers``; op tables in ``fakes._ops``) handles the op;
 3. otherwise :func:`~fakes._ops.classify_op` decides: views run (they alias, launch nothing),
    host syncs raise ``SyncDuringCapture``, random ops raise ``UnsupportedInCapture``, and kernels
    are recorded by :class:`Recorder`.
@@ -209,11 +209,11 @@ class Recorder:
 
     def fail_sync(self, what: str) -> None:
         """Abort the capture with :class:`SyncDuringCapture` (``CAP-2``)."""
-        raise self.device.captures.fail(self.capture, SyncDuringCapture(what))
+        raise self.device.capture_state.fail(self.capture, SyncDuringCapture(what))
 
     def fail_unsupported(self, op: str, detail: str | None = None) -> None:
         """Abort the capture with :class:`UnsupportedInCapture` naming ``op`` (``CAP-7``)."""
-        raise self.device.captures.fail(self.capture, UnsupportedInCapture(op, detail=detail))
+        raise self.device.capture_state.fail(self.capture, UnsupportedInCapture(op, detail=detail))
 
     def allocate_only(self, func: Any, args: Args, kwargs: Kwargs) -> Any:
         """An allocation with no kernel (``empty`` and friends): poisoned pool memory with the
@@ -490,7 +490,7 @@ class RecordingMode(TorchDispatchMode):
         if stream.capture is not cap:
             # Issued on a stream outside the capture: CUDA runs it eagerly.
             if info.kind == "sync":
-                self.device.captures.host_sync(
+                self.device.capture_state.host_sync(
                     f"{info.name} ({info.reason})", touches_capture=False
                 )
             return func(*args, **kwargs)

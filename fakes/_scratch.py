@@ -54,7 +54,7 @@ class FakeCaptureScratch:
         self._before = {(b.id, b.gen) for b in pool.blocks() if b.tenant_storage() is not None}
         self._aliased: dict[int, tuple[torch.Tensor, Block, int]] = {}  # id(alias) -> ...
         # The graph number of this capture's eager writes.
-        self._serial = device.captures.next_serial()
+        self._serial = device.capture_state.next_serial()
         self._writes = itertools.count()
 
     @contextmanager

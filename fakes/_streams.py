@@ -247,7 +247,7 @@ class FakeStream:
             # A capturing stream may depend only on work of its own capture: CUDA refuses a
             # wait on an event recorded outside it (cudaErrorStreamCaptureIsolation) and
             # invalidates the capture (CAP-6).
-            raise self._device.captures.fail(
+            raise self._device.capture_state.fail(
                 own,
                 CaptureInvalidated(
                     f"{self!r} waited on {event!r}, which was recorded outside the capture",
@@ -300,7 +300,7 @@ class FakeStream:
         """Always ``True`` (the CPU ran everything). A host sync: ``SyncDuringCapture`` on a
         stream of a capture, and on any stream unless ``capture_error_mode="relaxed"``; later
         work on any stream is ordered after this stream's work so far (``ORD-1``)."""
-        self._device.captures.host_sync(
+        self._device.capture_state.host_sync(
             f"{self!r}.query()", touches_capture=self._capture is not None
         )
         self._device.order.host_waited(self.clock())
@@ -308,7 +308,7 @@ class FakeStream:
 
     def synchronize(self) -> None:
         """A host sync (see :meth:`query`); orders later work as :meth:`query` does."""
-        self._device.captures.host_sync(
+        self._device.capture_state.host_sync(
             f"{self!r}.synchronize()", touches_capture=self._capture is not None
         )
         self._device.order.host_waited(self.clock())
@@ -365,7 +365,7 @@ class FakeEvent:
     def query(self) -> bool:
         """Always ``True`` outside capture. A host sync (see :meth:`FakeStream.query`): later
         work on any stream is ordered after the work the event marks (``ORD-1``)."""
-        self._device.captures.host_sync(
+        self._device.capture_state.host_sync(
             f"{self!r}.query()", touches_capture=self._in_live_capture()
         )
         self._device.order.host_waited(self._order)
@@ -373,7 +373,7 @@ class FakeEvent:
 
     def synchronize(self) -> None:
         """A host sync (see :meth:`query`); orders later work as :meth:`query` does."""
-        self._device.captures.host_sync(
+        self._device.capture_state.host_sync(
             f"{self!r}.synchronize()", touches_capture=self._in_live_capture()
         )
         self._device.order.host_waited(self._order)
@@ -382,7 +382,7 @@ class FakeEvent:
         """``0.0``: the fake keeps no time. Both events need ``enable_timing=True``."""
         if not (self.enable_timing and end_event.enable_timing):
             raise ValueError("elapsed_time needs both events created with enable_timing=True")
-        self._device.captures.host_sync(
+        self._device.capture_state.host_sync(
             "Event.elapsed_time()", touches_capture=self._in_live_capture()
         )
         return 0.0

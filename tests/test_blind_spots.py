@@ -51,7 +51,7 @@ def test_relaxed_synchronize_fails_and_its_fake_mutant_passes(monkeypatch: Any) 
         assert isinstance(_fails(f"synchronize{mode}"), spec.SyncDuringCapture), mode
 
     def synchronize_unless_relaxed(device: Any) -> None:
-        device.captures.host_sync("synchronize()", touches_capture=False)
+        device.capture_state.host_sync("synchronize()", touches_capture=False)
 
     monkeypatch.setattr(fakes.FakeDevice, "synchronize", synchronize_unless_relaxed)
     assert _fails("synchronize_relaxed") is None, "the mutant still refused the synchronize"

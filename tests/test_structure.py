@@ -1,7 +1,8 @@
-"""The structure the code promises (``DESIGN.md``): inside each package below, no two modules
-import each other in a loop (imports under ``TYPE_CHECKING`` and inside functions included),
-and no module writes a private field (``_name``) of an object other than ``self``/``cls``:
-the object that holds a field is the one that writes it."""
+"""The structure the code promises (one owner per piece of state, modules importing downwards):
+inside each package below, no two modules import each other in a loop (imports under
+``TYPE_CHECKING`` and inside functions included), and no module writes a private field
+(``_name``) of an object other than ``self``/``cls``, or calls its private methods: the object
+that holds a field is the one that writes it."""
 
 from __future__ import annotations
 
@@ -80,15 +81,31 @@ def _private(attr: str) -> bool:
     return attr.startswith("_") and not attr.startswith("__")
 
 
+def _is_module(node: ast.expr) -> bool:
+    # torch._C._x(), sys._getframe(), a module's private helper: not an object's state.
+    root = node
+    while isinstance(root, ast.Attribute):
+        root = root.value
+    return isinstance(root, ast.Name) and root.id in _MODULES
+
+
+_MODULES = frozenset({"torch", "sys", "_pd", "gc", "weakref"})
+
+
 def _foreign(node: ast.expr) -> bool:
     return not (isinstance(node, ast.Name) and node.id in _OWNERS)
 
 
 def private_writes(package: str) -> list[str]:
-    """``file:line: code`` for every write of another object's private field."""
+    """``file:line: code`` for every write of another object's private field, and every call
+    of another object's private method (which writes its fields out of sight)."""
     out = []
     for name, tree in _modules(package).items():
         for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and _private(node.func.attr) and _foreign(node.func.value)
+                    and not _is_module(node.func.value)):
+                out.append(f"{package}/{name}.py:{node.lineno}: {ast.unparse(node)[:80]}")
             targets: list[ast.expr] = []
             if isinstance(node, ast.Assign):
                 targets = node.targets

@@ -19,8 +19,10 @@ import torch
 from spec import (
     DeviceModule,
     GraphLike,
+    GraphNotEmpty,
     GraphNotReady,
     GraphState,
+    GraphStateError,
     PoolHandle,
     PoolNotReady,
     ResetDuringCapture,
@@ -223,25 +225,40 @@ class BreakableCUDAGraph:
     # The graph owns its segments, breaks and state; its capture builds it through these
     # methods only. User code captures with BreakableCUDAGraphCapture and never calls them.
 
+    def _check_capturing(self, what: str) -> None:
+        if self._state is not GraphState.CAPTURING:
+            raise GraphStateError(
+                f"{what} on a breakable graph that is not capturing: build graphs with "
+                "BreakableCUDAGraphCapture", state=self._state,
+            )
+
     def add_break(self, graph_break: GraphBreak) -> None:
-        """Append ``graph_break``: it runs after the last segment added so far."""
+        """Append ``graph_break`` (while capturing): it runs after the last segment so far."""
+        self._check_capturing("add_break()")
         self._breaks.append(graph_break)
 
     def new_segment(self) -> GraphLike:
-        """A new device graph for the next segment (``keep_graph`` as the graph's), appended."""
+        """A new device graph for the next segment (``keep_graph`` as the graph's), appended
+        (while capturing)."""
+        self._check_capturing("new_segment()")
         device = self._device
         segment = device.CUDAGraph(keep_graph=True) if self._keep_graph else device.CUDAGraph()
         self._segments.append(segment)
         return segment
 
     def begin_capture(self, pool: PoolHandle) -> None:
-        """``CAPTURING`` into ``pool``."""
+        """``CAPTURING`` into ``pool``, from ``EMPTY`` only (:class:`spec.GraphNotEmpty`
+        otherwise, ``LIFE-2``)."""
+        if self._state is not GraphState.EMPTY:
+            raise GraphNotEmpty("begin_capture() on a breakable graph that holds one; reset() it "
+                                "first", state=self._state)
         self._pool = pool
         self._state = GraphState.CAPTURING
 
     def finish_capture(self) -> None:
-        """Precompute the flat list replay walks: no lookups or allocations per replay beyond
-        what the breaks themselves do."""
+        """``READY`` (from ``CAPTURING`` only). Precomputes the flat list replay walks: no
+        lookups or allocations per replay beyond what the breaks themselves do."""
+        self._check_capturing("finish_capture()")
         calls: list[Callable[[], Any]] = []
         # A device may hand out a check-free replay per graph (CudaDevice: the C++ replay
         # bound once); safe here because these calls are dropped with the segments on reset.

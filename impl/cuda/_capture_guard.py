@@ -93,7 +93,7 @@ class _CaptureQuiet:
         # Outside the lock and after the capture: torch's finalizer now (a resurrected object's
         # __del__ never runs again), then the last reference goes and CUDA destroys the graph.
         for graph in deferred:
-            graph._finalize()
+            graph.finalize_now()
         del deferred
 
     def defer(self, graph: Any) -> bool:

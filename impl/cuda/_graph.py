@@ -158,7 +158,7 @@ class _CudaGraph(torch.cuda.CUDAGraph):
         self._ready = False
         self._failed = True
 
-    def _mark_failed(self) -> None:
+    def mark_failed(self) -> None:
         """``FAILED`` after the captured body raised and the partial graph was reset (called by
         ``CudaDevice.graph``), so the lifecycle matches a failed ``capture_end`` (``LIFE-1``)."""
         self._ready = False
@@ -188,9 +188,11 @@ class _CudaGraph(torch.cuda.CUDAGraph):
         # Resurrected until the active capture ends (CUDA-4); finalizers run once (PEP 442), so
         # the deferred drop destroys it for good. Never raise under GC.
         if not _QUIET.defer(self):
-            self._finalize()
+            self.finalize_now()
 
-    def _finalize(self) -> None:
+    def finalize_now(self) -> None:
+        """torch's own finalizer of this graph, now: the capture guard calls it for a graph
+        whose destruction it deferred to the end of a capture (``CUDA-4``)."""
         finalizer = getattr(super(), "__del__", None)
         if finalizer is not None:
             with contextlib.suppress(Exception):
@@ -259,7 +261,7 @@ class _CaptureContext:
                 pass  # the body's failure invalidated the capture; report the body's error
             else:
                 self._graph.reset()  # a partial graph must not replay (RPL-2)
-                self._graph._mark_failed()  # ... and is FAILED until reset() (LIFE-1)
+                self._graph.mark_failed()  # ... and is FAILED until reset() (LIFE-1)
         finally:
             self._stream_ctx.__exit__(None, None, None)
         translated = _translate(exc, at_end=False)
