@@ -47,7 +47,9 @@ class ReplayShadow:
     raises :class:`spec.ReplayDiverged` naming it, the step, the raw and padded size and the
     largest difference.
 
-    The shadow's backend comes from ``target.make_backend`` (the builder's own factory). A
+    The shadow's backend comes from ``target.make_backend`` (the builder's own factory). Under
+    tensor parallelism (a target with a communicator) each rank checks its own shard and the
+    verdicts are exchanged: every rank raises when any rank diverged, the others naming it. A
     debugging aid: every checked step clones the cache and runs the model twice.
     """
 
@@ -76,9 +78,33 @@ class ReplayShadow:
             backend.init_forward_metadata(shadow)
             expected = self.target.model(shadow)
         raw = batch.batch_size if batch.forward_mode.is_decode() else batch.num_tokens
-        for point, got, want in self._points(batch, snapshot, logits, expected):
-            self._compare(point, got, want, raw, padded)
+        error: ReplayDiverged | None = None
+        try:
+            for point, got, want in self._points(batch, snapshot, logits, expected):
+                self._compare(point, got, want, raw, padded)
+        except ReplayDiverged as diverged:
+            error = diverged
+        communicator = getattr(self.target, "communicator", None)
+        if communicator is not None:
+            error = self._collective_verdict(communicator, error)
+        if error is not None:
+            raise error
         self.checked += 1
+
+    @staticmethod
+    def _collective_verdict(communicator: Any, error: ReplayDiverged | None
+                            ) -> ReplayDiverged | None:
+        """Under tensor parallelism a verdict is collective: each rank compares its own shard,
+        then the verdicts are exchanged and every rank raises when any rank diverged (a rank
+        raising alone would leave the others waiting in their next collective)."""
+        mine = None if error is None else (error.point, error.step, error.raw_size,
+                                           error.padded_size, error.max_diff, error.tolerance)
+        verdicts = communicator.exchange(mine)
+        if error is None:
+            for rank, verdict in enumerate(verdicts):
+                if verdict is not None:
+                    return ReplayDiverged(*verdict, detail=f"on rank {rank}")
+        return error
 
     def _points(self, batch: Any, snapshot: Any, logits: torch.Tensor,
                 expected: torch.Tensor) -> Any:

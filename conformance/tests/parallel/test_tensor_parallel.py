@@ -200,6 +200,21 @@ def test_sanitizer_keeps_the_ranks_in_lockstep(backend: Any) -> None:
     assert tokens[0] == tokens[1]
 
 
+@pytest.mark.strict
+@pytest.mark.clause("SAN-2")
+def test_a_replay_diverging_on_one_rank_is_raised_on_every_rank(backend: Any) -> None:
+    """The shadow's verdict is exchanged: a rank whose shard diverged does not raise alone
+    (the others would wait in their next collective)."""
+
+    def rank(ctx: Any) -> Any:
+        mine = spec.ReplayDiverged("layer 1 KV write (K)", 3, 2, 2, 0.5, 0.01) if ctx.rank else None
+        return impl.ReplayShadow._collective_verdict(ctx.communicator, mine)
+
+    verdicts = _ranks(backend, rank)
+    assert all(isinstance(v, spec.ReplayDiverged) for v in verdicts), verdicts
+    assert verdicts[0].point == "layer 1 KV write (K)" and "rank 1" in str(verdicts[0])
+
+
 # -- the multi-rank fake (strict) ------------------------------------------------------------
 
 
