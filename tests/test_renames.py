@@ -39,7 +39,10 @@ def test_every_test_of_a_moved_file_is_in_the_table() -> None:
                 assert name in _ADDED_SINCE, f"{new_file}::{name} has no old id in the table"
 
 
-_ADDED_SINCE: frozenset[str] = frozenset()
+_ADDED_SINCE: frozenset[str] = frozenset({
+    "test_a_replay_diverging_on_one_rank_is_raised_on_every_rank",
+})
+"""Tests written after the move, in the moved files (they never had an old id)."""
 
 
 def test_old_xfail_entries_are_read_as_the_new_ids(tmp_path: Path) -> None:
