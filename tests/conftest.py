@@ -1,4 +1,5 @@
-"""Project test configuration: hypothesis profiles and the GPU marker's skip."""
+"""Project test configuration: hypothesis profiles, the GPU marker's skip, and the fake device
+of the modules that test on it alone."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import os
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
+
+import spec
 
 # CI must be reproducible: derandomized, no example database, no deadline (2 shared cores).
 settings.register_profile(
@@ -30,3 +33,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def device() -> spec.DeviceModule:
+    """A fake device per test module; a module that tests on other devices defines its own
+    ``device`` fixture, which takes precedence."""
+    import fakes  # noqa: F401  (registers "fake")
+
+    return spec.get_device("fake")

@@ -25,13 +25,6 @@ from impl import (
 )
 
 
-@pytest.fixture(scope="module")
-def device() -> spec.DeviceModule:
-    import fakes  # noqa: F401  (registers "fake")
-
-    return spec.get_device("fake")
-
-
 @eager_on_graph()
 def _plus1(h: torch.Tensor) -> torch.Tensor:
     return h + 1

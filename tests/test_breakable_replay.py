@@ -14,19 +14,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import spec
 from impl import BreakableCUDAGraph, BreakableCUDAGraphCapture, break_graph, eager_on_graph
 
 Step = tuple[str, int]
 
 _BREAK_KINDS = ("observe", "write", "fresh", "split")
-
-
-@pytest.fixture(scope="module")
-def device() -> spec.DeviceModule:
-    import fakes  # noqa: F401  (registers "fake")
-
-    return spec.get_device("fake")
 
 
 @eager_on_graph()
