@@ -19,7 +19,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -270,7 +270,7 @@ class FakeCommunicator:
 
 
 @dataclass(frozen=True)
-class RankContext(Generic[T]):
+class RankContext:
     """What :func:`run_ranks` hands each rank's function: its ``rank``, the ``world_size``, its
     own ``device`` and its ``communicator``."""
 
@@ -281,7 +281,7 @@ class RankContext(Generic[T]):
 
 
 def run_ranks(
-    fn: Callable[[RankContext[Any]], T],
+    fn: Callable[[RankContext], T],
     world_size: int,
     *,
     make_device: Callable[[], FakeDevice] = FakeDevice,

@@ -57,6 +57,7 @@ from .parallel import (
     VocabParallelHead,
     agree_on_step,
     check_same,
+    checked_key,
     shard_model,
 )
 from .registry import (
@@ -162,6 +163,7 @@ __all__ = [
     "build_prefill_registry",
     "capture_diff",
     "check_same",
+    "checked_key",
     "clear_input_buffer_pool",
     "copy_into",
     "default_attention_backend",

@@ -1,7 +1,8 @@
 """Clauses of tensor-parallel graphs (``TP``): ranks that issue the same collectives in the same
 order, whether eager, captured or replayed. Core: each rule, broken, hangs a real process group
-(the field bug is named in the text). Strict: the multi-rank fake's promise to name the
-disagreement instead of hanging."""
+(the field bug is named in the text). Strict: the reference's guards (a batch or ladder that
+differs between ranks is refused, where an engine might pad instead) and the multi-rank fake's
+promise to name the disagreement instead of hanging."""
 
 from .clauses import define
 
@@ -14,15 +15,18 @@ define(
             recorded inside decode graphs and breakable segments (attention staying a break),
             gives on every rank the tokens and, within the dtype's tolerance, the logits of the
             same model on one rank."""),
-        ("TP-2", """Every rank replays the same padded size: every rank holds the same batch
-            and takes the same decision, checked by exchanging each rank's batch (kind,
-            requests, tokens) and chosen size on the host, with no device sync, before anything
-            launches; ranks whose batches or decisions differ get DecisionMismatch on every
-            rank (a rank that pads by its own count replays another graph: vLLM #25906), as do
-            ranks whose runners capture different sizes."""),
-        ("TP-3", """Captures are symmetric: every rank captures every size of the agreed ladder,
-            with placeholder batches of the same shapes (a rank that captures with another
-            batch, or none, issues other collectives: TensorRT-LLM #14986)."""),
+        ("TP-2", """Every rank replays the same padded size for a step: the size is decided
+            from host values with no device sync, the same way on every rank (a rank that pads
+            by its own count while another's count differs replays another graph: vLLM
+            #25906).""", """The reference requires every rank to hold the same batch: each
+            step's batch (kind, requests, tokens) and chosen size are exchanged on the host,
+            and ranks that differ get DecisionMismatch on every rank before anything launches,
+            the refused step's KV slots given back."""),
+        ("TP-3", """Captures are symmetric: every rank captures every size of the ladder, with
+            placeholder batches of the same shapes (a rank that captures with another batch,
+            or none, issues other collectives: TensorRT-LLM #14986).""", """The reference
+            checks at construction that every rank's capture ladder, warm-ups and sanitizer
+            level are equal: DecisionMismatch on every rank otherwise, before any capture."""),
         ("TP-4", """Captures are aligned: every rank captures the sizes in the same order with a
             barrier before each size, and a breakable capture calls the communicator's barrier
             at every break (capture orders that differ by rank: pegainfer #496)."""),

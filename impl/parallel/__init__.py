@@ -3,7 +3,7 @@ and reference models, and the collective decisions the runners take (``TP-*``)."
 
 from ._communicator import TorchCommunicator
 from ._layers import RowParallelLinear, VocabParallelHead
-from ._lockstep import StepDecision, agree_on_step, check_same
+from ._lockstep import StepDecision, agree_on_step, check_same, checked_key
 from ._model import TP_KINDS, TensorParallelCausalLM, shard_model
 
 __all__ = [
@@ -15,5 +15,6 @@ __all__ = [
     "VocabParallelHead",
     "agree_on_step",
     "check_same",
+    "checked_key",
     "shard_model",
 ]

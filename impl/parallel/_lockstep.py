@@ -8,7 +8,7 @@ from typing import Any
 
 from spec import DecisionMismatch
 
-__all__ = ["StepDecision", "agree_on_step", "check_same"]
+__all__ = ["StepDecision", "agree_on_step", "check_same", "checked_key"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,16 @@ def agree_on_step(communicator: Any, decision: StepDecision) -> Any:
     if any(d != decision for d in every):
         raise DecisionMismatch("the step's batch and graph", tuple(every))
     return decision.key
+
+
+def checked_key(communicator: Any, runner: str, batch: Any, key: Any) -> Any:
+    """``key``, this rank's decision for ``batch``: as it is on one rank (``communicator`` is
+    ``None``), else once every rank decided the same (:func:`agree_on_step`)."""
+    if communicator is None:
+        return key
+    return agree_on_step(communicator, StepDecision(
+        runner, batch.forward_mode.name, batch.batch_size, batch.num_tokens, key
+    ))
 
 
 def check_same(communicator: Any, what: str, value: Any) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from spec import RunnerConfig
+from spec import Communicator, RunnerConfig
 
 from ..models import AttentionMixer, CausalLM, RecurrentMixer, SwiGLU
 from ._layers import RowParallelLinear, VocabParallelHead
@@ -131,8 +131,6 @@ def shard_model(model: CausalLM, communicator: Any) -> TensorParallelCausalLM:
     """
     if not isinstance(model, CausalLM) or isinstance(model, TensorParallelCausalLM):
         raise TypeError(f"model must be a one-rank reference CausalLM, got {type(model).__name__}")
-    for name in ("rank", "world_size", "all_reduce", "all_gather", "barrier", "exchange"):
-        if not hasattr(communicator, name):
-            raise TypeError(f"communicator must be a spec.Communicator (no {name!r}): "
-                            f"{communicator!r}")
+    if not isinstance(communicator, Communicator):
+        raise TypeError(f"communicator must be a spec.Communicator, got {communicator!r}")
     return TensorParallelCausalLM(model, communicator).eval().requires_grad_(False)

@@ -9,6 +9,7 @@ from typing import Any
 
 __all__ = [
     "RunnerStats", "StatsCounter", "check_communicator", "check_sizes", "pad_to_captured",
+    "release_graphs",
 ]
 
 
@@ -81,3 +82,10 @@ def check_communicator(name: str, communicator: Any, tensor_parallel_size: int) 
             f"{tensor_parallel_size} ranks"
         )
     return communicator
+
+
+def release_graphs(entries: dict[Any, Any]) -> None:
+    """Reset the graph of every entry (each has a ``graph``), then forget the entries."""
+    for entry in entries.values():
+        entry.graph.reset()
+    entries.clear()

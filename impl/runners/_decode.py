@@ -11,7 +11,7 @@ import torch
 
 from .._hooks import RemovableHandle, StepHooks
 from ..models import ForwardBatch, ForwardMode, set_forward_context
-from ..parallel import StepDecision, agree_on_step, check_same
+from ..parallel import check_same, checked_key
 from ..registry import CudaGraphBufferRegistry, build_decode_registry
 from ..sanitizer import CaptureSanitizer, SanitizeLevel, check_sanitize
 from ._common import (
@@ -20,6 +20,7 @@ from ._common import (
     check_communicator,
     check_sizes,
     pad_to_captured,
+    release_graphs,
 )
 from ._target import GraphTarget, as_graph_target
 
@@ -319,19 +320,10 @@ class CudaGraphRunner:
         With a communicator, collective: every rank's batch and decision are exchanged on the
         host, and :class:`spec.DecisionMismatch` is raised on every rank, before anything
         launches, unless all are the same (``TP-2``, ``TP-5``)."""
-        if self.communicator is None:
-            key = self.local_key(batch)
-        else:
-            key = self._agreed_key(batch)
+        key = checked_key(self.communicator, "decode", batch, self.local_key(batch))
         if key is None:
             self._counter.eager_fallbacks += 1
         return key
-
-    def _agreed_key(self, batch: ForwardBatch) -> int | None:
-        key = self.local_key(batch)
-        return agree_on_step(self.communicator, StepDecision(
-            "decode", batch.forward_mode.name, batch.batch_size, batch.num_tokens, key
-        ))
 
     def run(self, bs: int, batch: ForwardBatch) -> torch.Tensor:
         """Replay the graph of captured size ``bs`` (from :meth:`decide`) with ``batch`` padded
@@ -368,6 +360,4 @@ class CudaGraphRunner:
     def close(self) -> None:
         """Reset and drop every graph (``TP-8``: before the process group is destroyed); the
         runner serves nothing after."""
-        for entry in self.entries.values():
-            entry.graph.reset()
-        self.entries.clear()
+        release_graphs(self.entries)

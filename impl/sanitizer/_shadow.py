@@ -86,13 +86,13 @@ class ReplayShadow:
             error = diverged
         communicator = getattr(self.target, "communicator", None)
         if communicator is not None:
-            error = self._collective_verdict(communicator, error)
+            error = self.collective_verdict(communicator, error)
         if error is not None:
             raise error
         self.checked += 1
 
     @staticmethod
-    def _collective_verdict(communicator: Any, error: ReplayDiverged | None
+    def collective_verdict(communicator: Any, error: ReplayDiverged | None
                             ) -> ReplayDiverged | None:
         """Under tensor parallelism a verdict is collective: each rank compares its own shard,
         then the verdicts are exchanged and every rank raises when any rank diverged (a rank
