@@ -56,6 +56,10 @@ multi-rank fake, which names it as a :class:`spec.CollectiveMismatch` on every r
 ``pads_by_local_count`` (vLLM #25906), ``placeholder_differs`` and ``capture_skipped``
 (TensorRT-LLM #14986), ``capture_order_differs`` (pegainfer #496), ``eager_on_one_rank``
 (pegainfer #498), ``warmup_on_one_rank`` (ScaleLLM #131).
+
+The overlap mutant (:class:`StagingWithoutWait`): overlapped decode whose copy stream skips
+its wait on the previous step, so step ``n + 1``'s staging writes what step ``n``'s replay still
+reads (sglang #31455's class of bug); the fake names it a :class:`spec.StreamRace` (``ORD-7``).
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ __all__ = [
     "MUTANTS",
     "PREFILL_MUTANTS",
     "REGISTRY_MUTANTS",
+    "StagingWithoutWait",
     "TP_MUTANTS",
     "mutant_api",
     "mutant_capture",
@@ -641,3 +646,13 @@ TP_MUTANTS: Final[dict[str, tuple[str, str, dict[str, Callable[..., Any]]]]] = {
 runner factories). Each is a reference runner with one public method overridden (or a hook)
 so that one rank leaves the lockstep; on the multi-rank fake each is named as a
 :class:`spec.CollectiveMismatch` on every rank."""
+
+
+class StagingWithoutWait(impl.OverlapScheduler):
+    """Overlapped decode whose copy stream never waits on the compute stream between steps
+    (only once, before the first): step ``n + 1``'s fill of the request-to-token table and the
+    static inputs races with step ``n``'s replay reading them (``RUN-13``, ``ORD-7``)."""
+
+    def order_copy_after_compute(self) -> None:
+        pass
+

@@ -149,7 +149,7 @@ class Program:
         reads, writes = self.memories(alive)
         order.check(stream, op, reads, writes, describe_memory)
         self.run(alive)
-        order.wrote(stream, stream.issue(), op, writes)
+        order.accessed(stream, stream.issue(), op, reads, writes)
 
     def run(self, alive: dict[WeakMemory, torch.UntypedStorage] | None = None) -> None:
         """Run the recorded ops (after :meth:`check`, whose result ``alive`` is)."""

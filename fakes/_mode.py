@@ -435,14 +435,14 @@ class StreamOrderMode(TorchDispatchMode):
         memory_of = device.memory.memory_of
         order = device.order
         written = [memory_of(t) for t in writes]
-        order.check(stream, info.name, [memory_of(t) for t in reads], written,
-                    describe_memory)
+        read = [memory_of(t) for t in reads]
+        order.check(stream, info.name, read, written, describe_memory)
         out = func(*args, **kwargs)
         for alias, value in zip(info.return_aliases, _returned(out, info), strict=False):
             if alias is None:
                 written.extend(memory_of(t) for t in flatten_tensors(value)
                                if isinstance(t, torch.Tensor))
-        order.wrote(stream, stream.issue(), info.name, written)
+        order.accessed(stream, stream.issue(), info.name, read, written)
         if info.kind == "sync":
             order.host_waited(stream.clock())  # the host read data the stream produced
         return out

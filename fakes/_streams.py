@@ -402,8 +402,8 @@ of the block is the same physical memory), or the ``UntypedStorage`` of memory o
 
 @dataclass(frozen=True, slots=True)
 class LastWrite:
-    """The latest eager write of a piece of memory: work number ``seq`` of ``stream``, op
-    ``op``."""
+    """The latest eager write (or, in the readers table, read) of a piece of memory: work
+    number ``seq`` of ``stream``, op ``op``."""
 
     stream: FakeStream
     seq: int
@@ -420,9 +420,14 @@ class StreamOrder:
     with it (``host``). Nothing else orders two streams: side streams are non-blocking
     (``ORD-2``). The table holds its memory weakly: freed memory forgets its writer.
 
+    A write must also be ordered after every read of the memory made on another stream since
+    its last write (``ORD-7``: a fill of a static input for step ``n + 1`` on a copy stream
+    while the replay of step ``n`` still reads it). The table keeps, per memory, each stream's
+    latest read since the last write; a write forgets them (later work ordered after the write
+    is ordered after them too: clocks are transitive).
+
     .. note:: Granularity is the whole block (or storage): two streams writing disjoint halves
-       of one buffer race here. Reads after reads never race; a write after another stream's
-       read (write-after-read) is not detected.
+       of one buffer race here. Reads after reads never race.
     """
 
     def __init__(self) -> None:
@@ -430,6 +435,10 @@ class StreamOrder:
         # Weak: a stream nobody holds issues no more work, so what the host knows of it can go.
         self.host: weakref.WeakKeyDictionary[FakeStream, int] = weakref.WeakKeyDictionary()
         self._last: weakref.WeakKeyDictionary[Memory, LastWrite] = weakref.WeakKeyDictionary()
+        # Per memory, per stream: the latest read since the memory's last write (ORD-7).
+        self._readers: weakref.WeakKeyDictionary[Memory, dict[FakeStream, LastWrite]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def add_stream(self, stream: FakeStream) -> None:
         """Know ``stream`` (every stream of the device registers at creation), so that a
@@ -449,19 +458,20 @@ class StreamOrder:
             self.host_waited(stream.clock())
 
     def _ordered(self, stream: FakeStream, last: LastWrite) -> bool:
-        writer = last.stream
+        other = last.stream
         return (
-            writer is stream
-            or stream.waited_for(writer) >= last.seq
-            or self.host.get(writer, 0) >= last.seq
+            other is stream
+            or stream.waited_for(other) >= last.seq
+            or self.host.get(other, 0) >= last.seq
         )
 
     def check(
         self, stream: FakeStream, op: str, reads: Any, writes: Any, describe: Any
     ) -> None:
         """Raise :class:`~spec.StreamRace` if ``op`` on ``stream`` touches memory (in ``reads``
-        or ``writes``) whose last write nothing orders before it; ``describe(memory)`` names
-        the memory in the error."""
+        or ``writes``) whose last write nothing orders before it (``ORD-1``), or writes memory
+        another stream read since that write with nothing ordering the read before it
+        (``ORD-7``); ``describe(memory)`` names the memory in the error."""
         last_writes = self._last
         for access, memories in (("write", writes), ("read", reads)):
             for memory in memories:
@@ -471,15 +481,42 @@ class StreamOrder:
                         op, repr(stream), repr(last.stream), describe(memory),
                         written_by=last.op, access=access,
                     )
+        readers = self._readers
+        for memory in writes:
+            for read in readers.get(memory, {}).values():
+                if not self._ordered(stream, read):
+                    raise StreamRace(
+                        op, repr(stream), "", describe(memory), access="write",
+                        reader=repr(read.stream), read_by=read.op,
+                    )
+
+    def accessed(
+        self, stream: FakeStream, seq: int, op: str, reads: Any, writes: Any
+    ) -> None:
+        """Work ``seq`` of ``stream`` (op ``op``) ran: it is the latest reader of ``reads`` on
+        its stream and the last writer of ``writes`` (whose earlier reads it was checked to be
+        ordered after)."""
+        if reads:
+            stamp = LastWrite(stream, seq, op)
+            readers = self._readers
+            for memory in reads:
+                seen = readers.get(memory)
+                if seen is None:
+                    readers[memory] = {stream: stamp}
+                else:
+                    seen[stream] = stamp
+        self.wrote(stream, seq, op, writes)
 
     def wrote(self, stream: FakeStream, seq: int, op: str, writes: Any) -> None:
-        """Make work ``seq`` of ``stream`` (op ``op``) the last writer of ``writes``."""
+        """Make work ``seq`` of ``stream`` (op ``op``) the last writer of ``writes``; their
+        earlier reads are forgotten."""
         if not writes:
             return
         stamp = LastWrite(stream, seq, op)
-        last_writes = self._last
+        last_writes, readers = self._last, self._readers
         for memory in writes:
             last_writes[memory] = stamp
+            readers.pop(memory, None)
 
     def last_writer(self, memory: Memory) -> LastWrite | None:
         """The last eager write of ``memory`` the fake saw, or ``None``."""

@@ -56,5 +56,15 @@ define(
          """Captures, replays and eager fallbacks are counted in the runner's own stats: one
             capture per size, one replay per served batch, one fallback per batch its decide
             (or its gate) declined, whichever object then ran it eagerly."""),
+        ("RUN-13",
+         """Overlapped decode (generate(overlap=True)) gives the tokens and logits of the
+            unoverlapped mode for the same prompts and limits: step n + 1's inputs are staged
+            on another stream while step n runs, the staging stream waits on an event recorded
+            after step n's replay before it writes anything that replay reads (ORD-7), and
+            step n's tokens reach step n + 1's input ids on the device.""",
+         """The reference overlaps without host round trips: the decode graph records the
+            argmax, host values reach the device through one non-blocking copy per step, and
+            the host synchronizes once per generation. A staging stream that skips its wait
+            on step n is a StreamRace on the fake."""),
     ],
 )

@@ -39,5 +39,16 @@ define(
             stream on every call, never the default stream; graph() without a stream, and a
             BreakableCUDAGraphCapture without a stream, capture on it (captures that share a
             pool share their stream)."""),
+        ("ORD-7",
+         """On a backend with stream_order, an eager op or a graph replay issued on stream B
+            that writes memory read on another stream A since the memory's last write raises
+            StreamRace before it runs, unless B is ordered after that read (the orderings of
+            ORD-1): a write after a read. A graph replay reads every input it recorded a read
+            of, so filling a graph's static inputs on a copy stream while an earlier replay of
+            that graph on the compute stream may still run is such a race (the copy stream must
+            wait on an event recorded after that replay).""",
+         """The StreamRace names both streams (stream, reader), the op, the access 'write' and
+            the op that read the memory (read_by); its clause is ORD-7, and the racing op has
+            not run."""),
     ],
 )

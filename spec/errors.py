@@ -425,18 +425,27 @@ class ReplayDiverged(ReplayError):
 
 
 class StreamRace(GraphError):
-    """Work on one stream touched memory last written on another stream, with nothing ordering
-    the two: no ``wait_stream``, no event wait, no host synchronisation between them.
+    """Work on one stream touched memory that work on another stream wrote, or still reads, with
+    nothing ordering the two: no ``wait_stream``, no event wait, no host synchronisation between
+    them.
 
     Raised by a backend with the ``stream_order`` capability (the CPU fake) before the op runs,
-    for an eager op or a graph replay issued on ``stream`` that reads or writes memory whose
-    last write was made on ``writer`` (``ORD-1``). On CUDA the same program has no error: its
-    result depends on timing. ``op`` names the op (or ``"CUDAGraph.replay"``), ``block`` the
-    memory, ``written_by`` the op that wrote it, ``access`` is ``"read"`` or ``"write"``.
+    for an eager op or a graph replay issued on ``stream``:
+
+    - that reads or writes memory whose last write was made on ``writer`` (``ORD-1``;
+      ``written_by`` names the writing op);
+    - that writes memory read on ``reader`` since its last write (``ORD-7``, a write after a
+      read: ``read_by`` names the reading op, ``writer`` is empty). The overlapped-decode bug:
+      a copy stream fills step ``n + 1``'s static inputs while step ``n``'s replay still reads
+      them.
+
+    On CUDA the same program has no error: its result depends on timing. ``op`` names the op
+    (or ``"CUDAGraph.replay"``), ``block`` the memory, ``access`` is ``"read"`` or ``"write"``
+    (what the racing op did), ``clause`` the clause it breaks.
 
     torch's side streams are non-blocking: nothing orders them with the default stream or with
-    each other implicitly. Fix: ``stream.wait_stream(writer)`` (or wait on an event recorded on
-    ``writer`` after the write) before the access.
+    each other implicitly. Fix: ``stream.wait_stream(other)`` (or wait on an event recorded on
+    ``other`` after its access) before the access.
     """
 
     clause = "ORD-1"
@@ -450,6 +459,8 @@ class StreamRace(GraphError):
         written_by: str | None = None,
         access: str = "read",
         *,
+        reader: str | None = None,
+        read_by: str | None = None,
         detail: str | None = None,
     ) -> None:
         self.op = op
@@ -458,11 +469,18 @@ class StreamRace(GraphError):
         self.block = block
         self.written_by = written_by
         self.access = access
-        by = f" by {written_by}" if written_by else ""
-        super().__init__(
-            f"stream race: {op} on {stream} {access}s {block}, last written{by} on {writer} "
-            f"with no wait between them", detail=detail,
-        )
+        self.reader = reader
+        self.read_by = read_by
+        if reader is not None:
+            self.clause = "ORD-7"
+            by = f" by {read_by}" if read_by else ""
+            message = (f"stream race: {op} on {stream} writes {block}, still read{by} on "
+                       f"{reader} with no wait between them")
+        else:
+            by = f" by {written_by}" if written_by else ""
+            message = (f"stream race: {op} on {stream} {access}s {block}, last written{by} on "
+                       f"{writer} with no wait between them")
+        super().__init__(message, detail=detail)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -568,7 +568,7 @@ def test_prefill_breaks_leave_the_kv_cache_write_to_the_segment(
     done = []
     for runner in (eager, graphs):
         requests = [runner.new_request(p) for p in prompts]
-        batch = runner._batch(ForwardMode.EXTEND, requests, prompts)
+        batch = runner.build_batch(ForwardMode.EXTEND, requests, prompts)
         step = runner.forward_eager if runner is eager else runner.prefill_runner.replay
         with OpLog() as log:
             logits = step(batch)

@@ -40,8 +40,8 @@ def test_the_contract_example_runs_under_every_runner() -> None:
         tokens = [r.prompt for r in requests] if mode is impl.ForwardMode.EXTEND else [
             [r.output_ids[-1]] for r in requests
         ]
-        got = manager.execute(served._batch(mode, requests, tokens))
-        want = eager.forward(eager._batch(mode, reference, tokens))
+        got = manager.execute(served.build_batch(mode, requests, tokens))
+        want = eager.forward(eager.build_batch(mode, reference, tokens))
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
         for r, q, row in zip(requests, reference, want, strict=True):
             r.output_ids.append(int(row.argmax()))

@@ -129,7 +129,7 @@ def bench(device: Any, communicator: Any) -> dict[str, Any]:
             requests = [runner.new_request(p)
                         for p in _prompts(bs, DECODE_PROMPT_LEN, shape.vocab_size, seed=bs)]
             runner.extend(requests)
-            batch = runner._batch(impl.ForwardMode.DECODE, requests,
+            batch = runner.build_batch(impl.ForwardMode.DECODE, requests,
                                   [[r.prompt[-1]] for r in requests])
             variants = {"eager": lambda b=batch: runner.forward_eager(b),
                         "graph": lambda b=batch: runner.decode_runner.replay(b)}
@@ -143,7 +143,7 @@ def bench(device: Any, communicator: Any) -> dict[str, Any]:
                 runner.release(r)
         for count in tokens:
             request = runner.new_request(_prompts(1, count, shape.vocab_size, seed=count)[0])
-            batch = runner._batch(impl.ForwardMode.EXTEND, [request], [request.prompt])
+            batch = runner.build_batch(impl.ForwardMode.EXTEND, [request], [request.prompt])
             variants = {"eager": lambda b=batch: runner.forward_eager(b),
                         "breakable": lambda b=batch: runner.prefill_runner.replay(b)}
             error = _check_close(f"prefill {count}", variants["breakable"](),

@@ -2,7 +2,7 @@
 sliding-window pool), attention with two-half metadata, and the reference models."""
 
 from ._attention import AttentionMetadata, TorchAttentionBackend
-from ._batch import ForwardBatch, ForwardMode
+from ._batch import ForwardBatch, ForwardMode, host_to_device
 from ._context import ForwardContext, get_forward_context, set_forward_context
 from ._kv_cache import HybridSWAKVCache, KVCache
 from ._layers import AttentionMixer, DecoderLayer, RecurrentMixer, SwiGLU, paged_attention
@@ -36,6 +36,7 @@ __all__ = [
     "build_model",
     "from_transformers",
     "get_forward_context",
+    "host_to_device",
     "paged_attention",
     "set_forward_context",
 ]

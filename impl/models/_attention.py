@@ -25,7 +25,7 @@ import torch
 from spec import AttentionInSegment, MetadataNotUpgraded
 
 from ..breakable import is_recording_segment
-from ._batch import ForwardBatch, ForwardMode
+from ._batch import ForwardBatch, ForwardMode, host_to_device
 from ._kv_cache import KVCache
 
 __all__ = ["AttentionMetadata", "ExtendAttention", "TorchAttentionBackend"]
@@ -280,20 +280,12 @@ class TorchAttentionBackend:
         if cached_prefix:
             for row, length in enumerate(lengths):
                 values.extend(range(row * width, row * width + length))
-        packed = self._to_device(values)
+        packed = host_to_device(values, torch.int32, self.kv_cache.device)
         meta.cu_seqlens_q, meta.cu_seqlens_k = packed[: bs + 1], packed[bs + 1 : 2 * bs + 2]
         meta.extend_kv_gather = packed[2 * bs + 2 :] if cached_prefix else None
         meta.max_seqlen_q = max(meta.extend_seq_lens, default=0)
         meta.max_seqlen_k = max(lengths, default=0)
         self.forward_metadata = meta
-
-    def _to_device(self, values: list[int]) -> torch.Tensor:
-        """``values`` as an int32 tensor on the cache's device. On CUDA through pinned memory
-        without blocking the host: the caching host allocator keeps the staging block until
-        the copy has run, and work ordered after it on the stream sees the values."""
-        pinned = self.kv_cache.device.type == "cuda"
-        host = torch.tensor(values, dtype=torch.int32, pin_memory=pinned)
-        return host.to(self.kv_cache.device, non_blocking=pinned)
 
     def init_forward_metadata_in_graph(self, batch: ForwardBatch) -> None:
         """Device preparation with static shapes, recordable inside a graph: upgrades

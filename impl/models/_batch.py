@@ -14,7 +14,23 @@ from typing import Any
 
 import torch
 
-__all__ = ["ForwardBatch", "ForwardMode"]
+__all__ = ["ForwardBatch", "ForwardMode", "host_to_device"]
+
+
+def host_to_device(
+    values: list[int], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """``values`` as a ``dtype`` tensor on ``device``, without blocking the host.
+
+    On CUDA the values go through pinned memory with a non-blocking copy on the current stream:
+    the caching host allocator keeps the staging block until the copy has run, and work
+    ordered after the copy sees the values. A copy from pageable memory would make the host
+    wait for everything queued on the stream (the idle gap between steps that overlapped
+    decode removes). Elsewhere (the fake) it is a plain tensor.
+    """
+    pinned = device.type == "cuda"
+    host = torch.tensor(values, dtype=dtype, pin_memory=pinned)
+    return host.to(device, non_blocking=pinned) if pinned else host.to(device)
 
 
 class ForwardMode(enum.Enum):

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from ._batch import host_to_device
+
 __all__ = ["HybridSWAKVCache", "KVCache"]
 
 
@@ -195,9 +197,9 @@ class HybridSWAKVCache(KVCache):
 
     def _map(self, full: Sequence[int], swa: Sequence[int]) -> None:
         if full:
-            index = torch.tensor(full, dtype=torch.int64, device=self.device)
-            value = torch.tensor(swa, dtype=torch.int64, device=self.device)
-            self.full_to_swa_index_mapping.index_copy_(0, index, value)
+            packed = host_to_device([*full, *swa], torch.int64, self.device)
+            n = len(full)
+            self.full_to_swa_index_mapping.index_copy_(0, packed[:n], packed[n:])
 
     def release_out_of_window(self, slots: Sequence[int]) -> None:
         held = [s for s in slots if s in self._swa_of]

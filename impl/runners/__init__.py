@@ -7,14 +7,14 @@ from ._layer_stack import resolve_layer_stack
 from ._manager import BatchDescriptor, CudagraphDispatcher, CudaGraphManager, CUDAGraphMode
 from ._model_runner import (
     AttentionBackendFactory,
-    GenerateOutput,
     KVCacheFactory,
     ModelRunner,
     ModelRunnerStats,
-    Request,
     default_attention_backend,
 )
+from ._overlap import OverlapScheduler
 from ._prefill import PREFILL_STEPS, BreakableCudaGraphRunner, PrefillEntry, default_prefill_sizes
+from ._schedule import GenerateOutput, Request, generation_schedule
 from ._target import GraphTarget
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "KVCacheFactory",
     "ModelRunner",
     "ModelRunnerStats",
+    "OverlapScheduler",
     "PREFILL_STEPS",
     "PrefillEntry",
     "Request",
@@ -39,5 +40,6 @@ __all__ = [
     "default_attention_backend",
     "default_decode_sizes",
     "default_prefill_sizes",
+    "generation_schedule",
     "resolve_layer_stack",
 ]

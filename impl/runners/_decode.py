@@ -41,12 +41,14 @@ def default_decode_sizes(max_bs: int) -> list[int]:
 
 @dataclass(eq=False)
 class DecodeEntry:
-    """One captured batch size: its graph, the output the graph writes (logits of every padded
-    row) and the batch of registry views it was captured with (what replay prepares)."""
+    """One captured batch size: its graph, the outputs the graph writes (``output``: logits of
+    every padded row; ``tokens``: their greedy token ids, the argmax recorded in the graph) and
+    the batch of registry views it was captured with (what replay prepares)."""
 
     graph: Any
     output: torch.Tensor
     batch: ForwardBatch
+    tokens: torch.Tensor
 
 
 class CudaGraphRunner:
@@ -254,20 +256,24 @@ class CudaGraphRunner:
             hooks.call("prepare_capture", self, self._prepare_replay, batch)
             for _ in range(self.num_warmups):
                 hooks.call("record_forward", self, self._record_forward, batch)
-            graph, output = self._capture_graph(batch, self.target.pool)
-        self.entries[bs] = DecodeEntry(graph, output, batch)
+            graph, output, tokens = self._capture_graph(batch, self.target.pool)
+        self.entries[bs] = DecodeEntry(graph, output, batch, tokens)
         self._counter.captures += 1
         if self.sanitize in ("captures", "all"):
             self._probe(bs, graph)
 
-    def _capture_graph(self, batch: ForwardBatch, pool: Any) -> tuple[Any, torch.Tensor]:
+    def _capture_graph(
+        self, batch: ForwardBatch, pool: Any
+    ) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """The capture itself (the forward context set by the caller): one graph of
-        ``record_forward(batch)`` into ``pool`` on the target's stream."""
+        ``record_forward(batch)`` and the argmax of its logits into ``pool`` on the target's
+        stream."""
         keep = self.keep_graph or self.sanitize in ("captures", "all")
         graph = self.device.CUDAGraph(keep_graph=True) if keep else self.device.CUDAGraph()
         with self.device.graph(graph, pool=pool, stream=self.target.stream):
             output = self._hooks.call("record_forward", self, self._record_forward, batch)
-        return graph, output
+            tokens = output.argmax(-1)
+        return graph, output, tokens
 
     def _probe(self, bs: int, graph: Any) -> None:
         """The capture diff of size ``bs`` (``SAN-1``): the registry filled with another decode
@@ -327,17 +333,32 @@ class CudaGraphRunner:
 
     def run(self, bs: int, batch: ForwardBatch) -> torch.Tensor:
         """Replay the graph of captured size ``bs`` (from :meth:`decide`) with ``batch`` padded
-        into it: fill, prepare the metadata, replay; logits ``[raw_bs, vocab]`` (a copy)."""
+        into it: :meth:`stage`, then :meth:`launch`; logits ``[raw_bs, vocab]`` (a copy)."""
+        self.stage(bs, batch)
+        return self.launch(bs).output[: batch.batch_size].clone()
+
+    def stage(self, bs: int, batch: ForwardBatch) -> None:
+        """Fill the registry of captured size ``bs`` from ``batch`` (pad rows reset per slot
+        policy), on the current stream. The fill writes the static inputs every replay of
+        every size reads: issued on another stream than the replays (overlapped decode's copy
+        stream), that stream must first wait on an event recorded after the last replay
+        (``ORD-7``), and the replay stream on an event recorded after the fill."""
         raw = batch.batch_size
         self.registry.fill_from(
             batch, raw_bs=raw, padded_bs=bs, raw_num_tokens=raw, padded_num_tokens=bs
         )
+
+    def launch(self, bs: int) -> DecodeEntry:
+        """Prepare the metadata of size ``bs``'s registry views and replay its graph on the
+        current stream (after :meth:`stage`). Returns the size's entry: its ``output`` (logits)
+        and ``tokens`` (greedy ids) hold this replay's rows until the next replay of any size
+        (the graphs share one pool)."""
         entry = self.entries[bs]
         with set_forward_context(entry.batch):
             self._hooks.call("prepare_replay", self, self._prepare_replay, entry.batch)
             entry.graph.replay()
         self._counter.replays += 1
-        return entry.output[:raw].clone()
+        return entry
 
     def replay(self, batch: ForwardBatch) -> torch.Tensor:
         """:meth:`run` of the size that serves ``batch`` on this rank alone

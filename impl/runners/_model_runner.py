@@ -4,10 +4,10 @@ batches for requests that come and go, and runs greedy generation."""
 from __future__ import annotations
 
 import functools
+import itertools
 import math
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -15,14 +15,23 @@ import torch
 from spec import DecisionMismatch, DeviceModule, RunnerConfig
 
 from ..breakable import default_capture_stream
-from ..models import ForwardBatch, ForwardMode, HybridSWAKVCache, KVCache, TorchAttentionBackend
+from ..models import (
+    ForwardBatch,
+    ForwardMode,
+    HybridSWAKVCache,
+    KVCache,
+    TorchAttentionBackend,
+    host_to_device,
+)
 from ..sanitizer import ReplayShadow, SanitizeLevel, check_sanitize
 from ._common import RunnerStats, check_communicator
 from ._decode import CudaGraphRunner
+from ._overlap import OverlapScheduler
 from ._prefill import BreakableCudaGraphRunner
+from ._schedule import GenerateOutput, Request, generation_schedule
 from ._target import GraphTarget
 
-__all__ = ["GenerateOutput", "ModelRunner", "ModelRunnerStats", "Request"]
+__all__ = ["ModelRunner", "ModelRunnerStats"]
 
 PrefillMode = Literal["eager", "breakable"]
 
@@ -58,32 +67,6 @@ class ModelRunnerStats:
     captures: int = 0
     graph_replays: int = 0
     eager_runs: int = 0
-
-
-@dataclass
-class GenerateOutput:
-    """Per request, in prompt order: the generated ids and their logits (``[steps, vocab]``,
-    float32)."""
-
-    tokens: list[list[int]]
-    logits: list[torch.Tensor]
-
-
-@dataclass(eq=False)
-class Request:
-    """One request's state in the runner: its prompt, its row of the request-to-token table,
-    the KV slots of its tokens, and what it has generated."""
-
-    prompt: list[int]
-    row: int
-    slots: list[int] = field(default_factory=list)
-    output_ids: list[int] = field(default_factory=list)
-    released_swa: int = 0
-
-    @property
-    def seq_len(self) -> int:
-        """Tokens whose KV is cached."""
-        return len(self.slots)
 
 
 class ModelRunner:
@@ -321,51 +304,68 @@ class ModelRunner:
         self.kv_cache.free_request(request.row)
         request.slots = []
 
-    def _batch(
-        self, mode: ForwardMode, requests: Sequence[Request], new_tokens: list[list[int]],
+    def build_batch(
+        self, mode: ForwardMode, requests: Sequence[Request],
+        new_tokens: list[list[int]] | None, *, token_source: torch.Tensor | None = None,
     ) -> ForwardBatch:
-        """Allocate KV slots for ``new_tokens`` of each request and build the batch."""
+        """Allocate KV slots for the new tokens of each request and build the batch: the
+        tokens of ``new_tokens``, or, when it is ``None``, one token per request read on the
+        device from ``token_source`` at the request's row (overlapped decode's future-token
+        map: no host round trip).
+
+        Every host value goes to the device in one non-blocking copy (:func:`~impl.models.
+        host_to_device`), and the request-to-token table is written on the current stream: the
+        host never waits for the device here."""
+        if (new_tokens is None) == (token_source is None):
+            raise ValueError("build_batch takes new_tokens or a token_source, not both or neither")
         kv, where = self.kv_cache, self.device.device
-        counts = [len(t) for t in new_tokens]
+        counts = [1] * len(requests) if new_tokens is None else [len(t) for t in new_tokens]
         prefix = [r.seq_len for r in requests]
-        for r, n in zip(requests, counts, strict=True):
-            if r.seq_len + n > self.max_context_len:
+        for n, p in zip(counts, prefix, strict=True):
+            if p + n > self.max_context_len:
                 raise ValueError(
-                    f"request would hold {r.seq_len + n} tokens, above max_context_len "
+                    f"request would hold {p + n} tokens, above max_context_len "
                     f"{self.max_context_len}"
                 )
         slots = kv.alloc_tokens(sum(counts))
-        rows, cols, positions, start = [], [], [], 0
-        for r, n in zip(requests, counts, strict=True):
-            mine = slots[start:start + n]
+        positions: list[int] = []
+        token_rows: list[int] = []
+        start = 0
+        for r, n, p in zip(requests, counts, prefix, strict=True):
+            r.slots.extend(slots[start:start + n])
             start += n
-            rows += [r.row] * n
-            cols += range(r.seq_len, r.seq_len + n)
-            positions += range(r.seq_len, r.seq_len + n)
-            r.slots.extend(mine)
-        loc = torch.tensor(slots, dtype=torch.int64, device=where)
-        kv.req_to_token[
-            torch.tensor(rows, device=where), torch.tensor(cols, device=where)
-        ] = loc
-        seq_lens = [r.seq_len for r in requests]
-        starts = [sum(counts[:i]) for i in range(len(counts))]
+            positions.extend(range(p, p + n))
+            token_rows.extend([r.row] * n)
+        bs, tokens = len(requests), len(slots)
+        rows = [r.row for r in requests]
+        seq_lens = [p + n for p, n in zip(prefix, counts, strict=True)]
+        ids = [] if new_tokens is None else [t for toks in new_tokens for t in toks]
         is_extend = mode.is_extend()
-
-        def dev(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64, device=where)
-
+        starts = list(itertools.accumulate(counts[:-1], initial=0)) if is_extend else []
+        extra = [*counts, *prefix, *starts] if is_extend else []
+        # Flat positions of the new tokens in the request-to-token table: one index_copy_.
+        width = kv.req_to_token.shape[1]
+        cells = [row * width + p for row, p in zip(token_rows, positions, strict=True)]
+        packed = host_to_device(
+            [*ids, *cells, *slots, *positions, *rows, *seq_lens, *extra], torch.int64, where
+        )
+        sizes = [len(ids), tokens, tokens, tokens, bs, bs] + ([bs, bs, bs] if is_extend else [])
+        ids_t, cells_t, loc, positions_t, rows_t, seq_lens_t, *extend = packed.split(sizes)
+        kv.req_to_token.view(-1).index_copy_(0, cells_t, loc)
+        if token_source is not None:
+            ids_t = token_source.index_select(0, rows_t)
         batch = ForwardBatch(
             forward_mode=mode,
-            batch_size=len(requests),
-            input_ids=dev([t for toks in new_tokens for t in toks]),
-            positions=dev(positions),
-            req_pool_indices=dev([r.row for r in requests]),
-            seq_lens=dev(seq_lens),
+            batch_size=bs,
+            input_ids=ids_t,
+            positions=positions_t,
+            req_pool_indices=rows_t,
+            seq_lens=seq_lens_t,
             seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64),
             out_cache_loc=loc,
-            extend_seq_lens=dev(counts) if is_extend else None,
-            extend_prefix_lens=dev(prefix) if is_extend else None,
-            extend_start_loc=dev(starts) if is_extend else None,
+            extend_seq_lens=extend[0] if is_extend else None,
+            extend_prefix_lens=extend[1] if is_extend else None,
+            extend_start_loc=extend[2] if is_extend else None,
             extend_seq_lens_cpu=counts if is_extend else None,
             extend_prefix_lens_cpu=prefix if is_extend else None,
             extend_start_loc_cpu=starts if is_extend else None,
@@ -376,8 +376,10 @@ class ModelRunner:
             batch.out_cache_loc_swa = kv.translate_loc_from_full_to_swa(loc)
         return batch
 
-    def _after_step(self, requests: Sequence[Request]) -> None:
-        """Free sliding-window slots no future query attends: positions ``<= len - window``."""
+    def finish_step(self, requests: Sequence[Request]) -> None:
+        """After a step of ``requests``: free sliding-window slots no future query attends
+        (positions ``<= len - window``). The slot mapping it rewrites is read by the step's
+        forward: issue it on the stream the step ran on."""
         window = self.config.sliding_window
         if window is None:
             return
@@ -407,7 +409,7 @@ class ModelRunner:
         (:class:`spec.DecisionMismatch`: nothing launched) gives its slots back, so every
         rank's requests and cache are as before the step (``TP-2``)."""
         held = [len(r.slots) for r in requests]
-        batch = self._batch(mode, requests, new_tokens)
+        batch = self.build_batch(mode, requests, new_tokens)
         try:
             logits = self.forward(batch)
         except DecisionMismatch:
@@ -415,17 +417,53 @@ class ModelRunner:
                 taken, r.slots = r.slots[n:], r.slots[:n]
                 self.kv_cache.free_tokens(taken)
             raise
-        self._after_step(requests)
+        self.finish_step(requests)
         return logits
 
     # -- generation ----------------------------------------------------------------------------
 
     def generate(
-        self, prompts: list[list[int]], max_new_tokens: int | list[int]
+        self, prompts: list[list[int]], max_new_tokens: int | list[int], *,
+        overlap: bool = False,
     ) -> GenerateOutput:
         """Greedy generation. At most ``max_running_requests`` run at once; a waiting request
         joins (one extend step for all that join) whenever there is room, otherwise the running
-        ones decode one token. Deterministic: the same arguments give the same schedule."""
+        ones decode one token. Deterministic: the same arguments give the same schedule
+        (:func:`generation_schedule`) and the same tokens in both modes.
+
+        ``overlap=True`` runs the schedule with :class:`~impl.OverlapScheduler`: step ``n +
+        1`` is prepared on the host and staged on a copy stream while step ``n`` runs, tokens
+        stay on the device, and the host synchronizes once, at the end. It supports the
+        sanitizer level ``"off"`` only: with any other level (a shadow compares every replay
+        on the host) generation runs unoverlapped. Multi-rank agreement (``decide``) is made
+        on the host, so tensor-parallel runners overlap too.
+        """
+        limits = self._check_generate(prompts, max_new_tokens)
+        if overlap and self._target.sanitize == "off":
+            return OverlapScheduler(self).run(prompts, limits)
+        tokens: list[list[int]] = [[] for _ in prompts]
+        logits: list[list[torch.Tensor]] = [[] for _ in prompts]
+        live: dict[int, Request] = {}
+        for mode, step, finished in generation_schedule(self.max_running_requests, limits):
+            if mode.is_extend():
+                live.update((i, self.new_request(prompts[i])) for i in step)
+                out = self.extend([live[i] for i in step])
+            else:
+                out = self.decode([live[i] for i in step])
+            out = out.float().cpu()
+            for i, token, row in zip(step, out.argmax(-1).tolist(), out, strict=True):
+                live[i].output_ids.append(token)
+                tokens[i].append(token)
+                logits[i].append(row)
+            for i in finished:
+                self.release(live.pop(i))
+        return GenerateOutput(tokens, [torch.stack(rows) for rows in logits])
+
+    def _check_generate(
+        self, prompts: list[list[int]], max_new_tokens: int | list[int]
+    ) -> list[int]:
+        """The per-prompt limits; :class:`ValueError` for a bad limit or prompt, before any
+        request is admitted."""
         n = len(prompts)
         limits = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
         if len(limits) != n:
@@ -433,37 +471,8 @@ class ModelRunner:
         if any(isinstance(m, bool) or not isinstance(m, int) or m <= 0 for m in limits):
             raise ValueError(f"max_new_tokens must be positive ints, got {max_new_tokens!r}")
         for i, (p, m) in enumerate(zip(prompts, limits, strict=True)):
-            self._check_prompt(p)  # every prompt before any request is admitted
+            self._check_prompt(p)
             if len(p) + m > self.max_context_len:
                 raise ValueError(f"prompt {i}: {len(p)} tokens + {m} new exceed max_context_len "
                                  f"{self.max_context_len}")
-        tokens: list[list[int]] = [[] for _ in range(n)]
-        logits: list[list[torch.Tensor]] = [[] for _ in range(n)]
-        waiting = deque(range(n))
-        running: list[tuple[int, Request]] = []
-
-        def record(step: list[tuple[int, Request]], out: torch.Tensor) -> None:
-            out = out.float().cpu()
-            for (i, r), row in zip(step, out, strict=True):
-                token = int(row.argmax())
-                r.output_ids.append(token)
-                tokens[i].append(token)
-                logits[i].append(row)
-            for i, r in step:
-                if len(tokens[i]) >= limits[i]:
-                    self.release(r)
-                    running.remove((i, r))
-
-        while waiting or running:
-            room = self.max_running_requests - len(running)
-            if waiting and room > 0:
-                joining = []
-                while waiting and len(joining) < room:
-                    i = waiting.popleft()
-                    joining.append((i, self.new_request(prompts[i])))
-                running.extend(joining)
-                record(joining, self.extend([r for _, r in joining]))
-            else:
-                step = list(running)
-                record(step, self.decode([r for _, r in step]))
-        return GenerateOutput(tokens, [torch.stack(rows) for rows in logits])
+        return limits

@@ -3,7 +3,8 @@
 ``python -m tests.bench.make_report [DIR]`` (default ``reports``; ``nox -s bench`` runs it) reads
 what the benchmarks wrote there (``bench_runners.json``, ``breakable_overhead.json``,
 ``break_copies.json``, ``bench_registry_cuda.json``, ``bench_capture.json``, ``bench_fake.json``,
-``nox_cpu.json``, ``bench_transformers.json``, ``bench_sanitizer.json``, ``bench_tp.json``), and
+``nox_cpu.json``, ``bench_transformers.json``, ``bench_sanitizer.json``, ``bench_tp.json``,
+``bench_overlap.json``), and
 writes ``DIR/bench.md``: one table per benchmark with its target, the measured figure and whether
 it meets the target, headed by the GPU, torch and CUDA versions and the date of the run. With
 matplotlib installed it also writes ``prefill_latency.png`` (latency against token count: eager,
@@ -191,8 +192,38 @@ def _tensor_parallel(data: dict[str, Any]) -> list[str]:
                     prefill)]
 
 
+def _overlap(data: dict[str, Any]) -> list[str]:
+    by = {(r["mode"], r["batch_size"]): r for r in data["rows"]}
+    sizes = sorted({r["batch_size"] for r in data["rows"]})
+    target = data["busy_target"]
+    rows = []
+    for bs in sizes:
+        eager, plain = by[("eager", bs)], by[("graphs", bs)]
+        over = by[("graphs overlapped", bs)]
+        rows.append([
+            f"bs {bs}", f"{eager['busy']:.1%}", f"{plain['busy']:.1%}", f"{over['busy']:.1%}",
+            f"{over['busy_ceiling']:.1%}", f">= {target:.0%}", _verdict(over["busy"] >= target),
+            f"{over['tokens_per_s'] / plain['tokens_per_s']:.2f}x",
+            f"{plain['step_us']:.0f} / {over['step_us']:.0f}",
+            f"{over['device_bound']:.0%}",
+        ])
+    first, last = data["window"]
+    return ["## 10. Overlapped decode: how busy the GPU is", "",
+            f"{data['model']['kind']} {data['model']['num_layers']}x"
+            f"{data['model']['hidden_size']} ({data['model']['dtype']}) on {data['device']}, "
+            f"torch {data['torch']}, {data['date']}; {data['prompt_len']}-token prompts, "
+            f"{data['new_tokens']} new tokens each, all requests together. Busy = union of "
+            f"kernel intervals over the span of steps {first} to {last} (profiler trace); the "
+            "ceiling is the busy fraction of back-to-back replays of the same graph (its own "
+            "kernel gaps and copy nodes); device-bound = graph-only device time x decode steps "
+            "/ the generation's unprofiled wall time.", "",
+            *_table(["batch", "eager busy", "graphs busy", "overlapped busy", "ceiling",
+                     "target", "verdict", "tok/s overlapped / graphs",
+                     "host step us graphs / overlapped", "overlapped device-bound"], rows)]
+
+
 def _plots(folder: Path, runners: dict[str, Any] | None, overhead: dict[str, Any] | None,
-           ) -> list[str]:
+           overlap: dict[str, Any] | None = None) -> list[str]:
     try:
         import matplotlib
 
@@ -242,6 +273,25 @@ def _plots(folder: Path, runners: dict[str, Any] | None, overhead: dict[str, Any
         fig.savefig(folder / "segment_overhead.png", dpi=110)
         plt.close(fig)
         written.append("segment_overhead.png")
+    if overlap:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        modes = ("eager", "graphs", "graphs overlapped")
+        sizes = sorted({r["batch_size"] for r in overlap["rows"]})
+        by = {(r["mode"], r["batch_size"]): r for r in overlap["rows"]}
+        width = 0.25
+        for i, mode in enumerate(modes):
+            ax.bar([j + (i - 1) * width for j in range(len(sizes))],
+                   [by[(mode, bs)]["busy"] * 100 for bs in sizes], width, label=mode)
+        ax.plot(range(len(sizes)), [by[("graphs overlapped", bs)]["busy_ceiling"] * 100
+                                    for bs in sizes], "k_", markersize=20, label="ceiling")
+        ax.axhline(overlap["busy_target"] * 100, color="grey", linestyle="--", label="target")
+        ax.set(xticks=range(len(sizes)), xticklabels=[f"bs {bs}" for bs in sizes],
+               ylabel="GPU busy %", title="decode: GPU busy, steps 20-220")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(folder / "overlap_busy.png", dpi=110)
+        plt.close(fig)
+        written.append("overlap_busy.png")
     return written
 
 
@@ -256,6 +306,7 @@ def make_report(folder: Path) -> Path:
     transformers = _load(folder, "bench_transformers.json")
     sanitizer = _load(folder, "bench_sanitizer.json")
     tensor_parallel = _load(folder, "bench_tp.json")
+    overlap = _load(folder, "bench_overlap.json")
     head = next((d for d in (capture, overhead, runners) if d), {})
     lines = ["# Benchmarks", "",
              f"GPU: {head.get('device', 'none')}; torch {head.get('torch', '?')}, CUDA "
@@ -279,7 +330,9 @@ def make_report(folder: Path) -> Path:
         lines += _sanitizer(sanitizer)
     if tensor_parallel:
         lines += _tensor_parallel(tensor_parallel)
-    for plot in _plots(folder, runners, overhead):
+    if overlap:
+        lines += _overlap(overlap)
+    for plot in _plots(folder, runners, overhead, overlap):
         lines += [f"![{plot}]({plot})", ""]
     path = folder / "bench.md"
     path.write_text("\n".join(lines))

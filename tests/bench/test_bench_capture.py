@@ -96,7 +96,7 @@ def run_capture(device: impl.CudaDevice) -> dict[str, Any]:
             torch.cuda.synchronize()
             breakable_s = time.perf_counter() - start
             request = runner.new_request(_prompts(1, tokens, PREFILL_MODEL.vocab_size, tokens)[0])
-            batch = runner._batch(ForwardMode.EXTEND, [request], [request.prompt])
+            batch = runner.build_batch(ForwardMode.EXTEND, [request], [request.prompt])
             start = time.perf_counter()
             captured = FullGraphStep(device, runner, prefill.registry, batch, device.Stream())
             torch.cuda.synchronize()

@@ -19,9 +19,9 @@ Two measurements on a reference model (:func:`impl.models.build_model`, ``"dense
   (``BreakableCUDAGraph.profile_replay``: a break's host time, its device span, and the device
   idle time it causes).
 
-Each batch is built once (``ModelRunner._batch``: KV slots allocated, the request-to-token table
-written) and run again and again, so every repetition writes the same KV slots and the cache
-does not grow. After a warmup (which also checks that the variants give the same logits), the
+Each batch is built once (``ModelRunner.build_batch``: KV slots allocated, the request-to-token
+table written) and run again and again, so every repetition writes the same KV slots and the
+cache does not grow. After a warmup (which also checks that the variants give the same logits), the
 variants run interleaved in a rotating order, one step per sample with the device synchronised
 before and after it (a step's latency as an engine sees it: host launch cost plus device time),
 and the medians are reported. Everything runs under ``torch.no_grad()`` (``inference_mode``
@@ -198,7 +198,8 @@ def run_decode(
             ]
             runner.extend(requests)  # eager prefill: the prompts' KV is cached
             # One decode step's batch (one new KV slot per request), run again and again.
-            batch = runner._batch(ForwardMode.DECODE, requests, [[r.prompt[-1]] for r in requests])
+            batch = runner.build_batch(ForwardMode.DECODE, requests,
+                                       [[r.prompt[-1]] for r in requests])
             variants = {
                 "eager": lambda b=batch: runner.forward_eager(b),
                 "graph": lambda b=batch: runner.decode_runner.replay(b),
@@ -352,7 +353,8 @@ def run_prefill(
                     runner.new_request(p)
                     for p in _prompts(n, tokens // n, shape.vocab_size, seed=tokens + n)
                 ]
-                batch = runner._batch(ForwardMode.EXTEND, requests, [r.prompt for r in requests])
+                batch = runner.build_batch(ForwardMode.EXTEND, requests,
+                                           [r.prompt for r in requests])
                 full = FullGraphStep(device, runner, runner.prefill_runner.registry, batch,
                                      stream)
                 variants = {

@@ -74,7 +74,7 @@ def run_sanitizer_costs(device: Any, shape: ModelShape, *, decode_bs: int, prefi
                     requests = [runner.new_request(p) for p in
                                 _prompts(1, prefill_tokens, shape.vocab_size, seed=2)]
                     tokens = [r.prompt for r in requests]
-                batch = runner._batch(mode, requests, tokens)
+                batch = runner.build_batch(mode, requests, tokens)
                 variants[level] = lambda r=runner, b=batch: r.forward(b)
             for fn in variants.values():
                 fn()

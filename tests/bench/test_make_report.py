@@ -92,3 +92,25 @@ def test_report_has_every_section_and_marks_what_falls_short(tmp_path: Path) -> 
 def test_report_without_results_says_so(tmp_path: Path) -> None:
     text = make_report(tmp_path).read_text()
     assert "GPU: none" in text and "## 1." not in text
+
+
+def test_overlap_section_marks_the_busy_target(tmp_path: Path) -> None:
+    def row(mode: str, bs: int, busy: float) -> dict:
+        graphs = mode != "eager"
+        return {"mode": mode, "batch_size": bs, "busy": busy, "tokens_per_s": 100.0 * busy,
+                "step_us": 1000.0, "busy_ceiling": 0.97 if graphs else None,
+                "device_bound": 0.9 if graphs else None}
+
+    _write(tmp_path, "bench_overlap.json", {
+        **HEAD, "model": {"kind": "dense", "num_layers": 8, "hidden_size": 1024,
+                          "dtype": "bfloat16"},
+        "prompt_len": 16, "new_tokens": 240, "window": [20, 220], "busy_target": 0.95,
+        "rows": [row("eager", 1, 0.05), row("graphs", 1, 0.5), row("graphs overlapped", 1, 0.96),
+                 row("eager", 8, 0.05), row("graphs", 8, 0.4), row("graphs overlapped", 8, 0.9)],
+    })
+    lines = make_report(tmp_path).read_text().splitlines()
+    assert "## 10. Overlapped decode: how busy the GPU is" in lines
+    bs1 = next(line for line in lines if line.startswith("| bs 1 |"))
+    bs8 = next(line for line in lines if line.startswith("| bs 8 |"))
+    assert "| 96.0% |" in bs1 and "| pass |" in bs1 and "| 1.92x |" in bs1, bs1
+    assert "| 90.0% |" in bs8 and "| **short** |" in bs8, bs8

@@ -100,7 +100,7 @@ def test_draft_prefill_through_run_pw_graph_equals_eager(device, manager_api) ->
     for runner, run in ((draft_graphs, lambda b: manager.run_pw_graph(draft_graphs, b)),
                         (draft_eager, draft_eager.forward_eager)):
         requests = [runner.new_request([1, 2, 3]), runner.new_request([4, 5, 6, 7])]
-        batch = runner._batch(impl.ForwardMode.EXTEND, requests, [r.prompt for r in requests])
+        batch = runner.build_batch(impl.ForwardMode.EXTEND, requests, [r.prompt for r in requests])
         batch.hidden_states = hidden
         results.append(run(batch))
         for r in requests:

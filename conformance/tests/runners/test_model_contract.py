@@ -249,7 +249,7 @@ def test_host_metadata_read_inside_a_segment_is_refused(device) -> None:
     ``AttentionInSegment`` naming the field; inside a break it reads the live value."""
     runner = make_runner(device, "dense")
     request = runner.new_request([1, 2, 3])
-    batch = runner._batch(impl.ForwardMode.EXTEND, [request], [request.prompt])
+    batch = runner.build_batch(impl.ForwardMode.EXTEND, [request], [request.prompt])
     runner.attn_backend.init_forward_metadata(batch)
     meta = runner.attn_backend.forward_metadata
     seen: list[Any] = []

@@ -185,15 +185,15 @@ def test_the_manager_routes_are_shadowed(device) -> None:
                                     capture_sizes=[1, 2, 4, 8, 16], sanitize="all")
     manager.capture()
     requests = [served.new_request(p) for p in _PROMPTS[:2]]
-    batch = served._batch(impl.ForwardMode.EXTEND, requests, [r.prompt for r in requests])
+    batch = served.build_batch(impl.ForwardMode.EXTEND, requests, [r.prompt for r in requests])
     manager.execute(batch)
     for r in requests:
         r.output_ids.append(1)
-    batch = served._batch(impl.ForwardMode.DECODE, requests, [[1], [1]])
+    batch = served.build_batch(impl.ForwardMode.DECODE, requests, [[1], [1]])
     manager.execute(batch)
     assert manager._shadow is not None and manager._shadow.checked == 2
     _skip_positions_fill(manager._full_runner().registry)
-    batch = served._batch(impl.ForwardMode.DECODE, requests, [[2], [2]])
+    batch = served.build_batch(impl.ForwardMode.DECODE, requests, [[2], [2]])
     with pytest.raises(spec.ReplayDiverged):
         manager.execute(batch)
 

@@ -1,4 +1,4 @@
-"""Stream order (``ORD-1`` .. ``ORD-5``): which work a stream is ordered after, and the races a
+"""Stream order (``ORD-1`` .. ``ORD-7``): which work a stream is ordered after, and the races a
 backend with the ``stream_order`` capability names as :class:`spec.StreamRace`.
 
 Real CUDA has no error for a race: the result depends on timing, so only a simulator can check
@@ -168,6 +168,99 @@ def test_host_synchronization_orders_later_work(device: Any, streams: Any, sync:
 
 
 # ---------------------------------------------------------------------------------------------
+# ORD-7: a write after another stream's read
+# ---------------------------------------------------------------------------------------------
+
+
+@needs_order
+@pytest.mark.clause("ORD-7")
+def test_write_after_another_streams_read_races(device: Any, streams: Any) -> None:
+    default, a, _ = streams
+    with device.stream(a):
+        x = _vector(device, 2.0)
+    default.wait_stream(a)
+    y = x * 3  # read on the default stream
+    with device.stream(a), pytest.raises(spec.StreamRace):
+        x.fill_(7.0)  # a overwrites what the default stream still reads
+    a.wait_stream(default)
+    with device.stream(a):
+        x.fill_(7.0)
+    assert y.tolist() == [6.0] * 4
+
+
+@needs_order
+@pytest.mark.strict
+@pytest.mark.clause("ORD-7")
+def test_a_write_after_read_race_names_the_reader_and_runs_nothing(
+    device: Any, streams: Any
+) -> None:
+    default, a, _ = streams
+    with device.stream(a):
+        x = _vector(device, 4.0)
+    default.wait_stream(a)
+    x.sum()
+    with device.stream(a), pytest.raises(spec.StreamRace) as info:
+        x.zero_()
+    race = info.value
+    assert race.clause == "ORD-7" and race.access == "write", race
+    assert (race.stream, race.reader) == (repr(a), repr(default)), race
+    assert race.read_by == "aten::sum", race
+    assert x.tolist() == [4.0] * 4, "the racing op ran"
+    back = pickle.loads(pickle.dumps(race))
+    assert (back.clause, back.reader, back.read_by) == ("ORD-7", race.reader, race.read_by)
+
+
+@needs_order
+@pytest.mark.clause("ORD-7", "ORD-3")
+def test_filling_a_graphs_input_while_its_replay_may_run_races(
+    device: Any, streams: Any
+) -> None:
+    """The overlapped-decode hazard: step n's replay reads the static input on the compute
+    stream; step n + 1's fill on a copy stream must wait for an event recorded after it."""
+    compute, copy, _ = streams
+    static = _vector(device)
+    graph = device.CUDAGraph()
+    with device.graph(graph):
+        out = static * 2
+    copy.wait_stream(compute)
+    with device.stream(copy):
+        static.fill_(3.0)
+    compute.wait_stream(copy)
+    graph.replay()  # step n reads static on the compute stream
+    with device.stream(copy), pytest.raises(spec.StreamRace) as info:
+        static.fill_(4.0)  # step n + 1's fill, not ordered after the replay
+    assert info.value.access == "write" and info.value.reader == repr(compute), info.value
+    copy.wait_event(compute.record_event())
+    with device.stream(copy):
+        static.fill_(4.0)
+    compute.wait_stream(copy)
+    graph.replay()
+    assert (out + 0).tolist() == [8.0] * 4
+
+
+@needs_order
+@pytest.mark.clause("ORD-7")
+def test_reads_on_the_writing_stream_or_ordered_before_never_race(
+    device: Any, streams: Any
+) -> None:
+    default, a, b = streams
+    with device.stream(a):
+        x = _vector(device)
+        x * 2  # a read on the writing stream itself
+        x.fill_(2.0)
+    default.wait_stream(a)
+    x + 1  # read on the default stream
+    done = default.record_event()
+    b.wait_event(done)  # b is ordered after that read (and, through it, after a's write)
+    with device.stream(b):
+        x.fill_(5.0)
+        assert (x * 1).tolist() == [5.0] * 4
+    device.synchronize()
+    with device.stream(a):
+        x.fill_(6.0)  # the host synchronized with every read: ordered
+
+
+# ---------------------------------------------------------------------------------------------
 # ORD-2: nothing orders streams implicitly
 # ---------------------------------------------------------------------------------------------
 
@@ -305,6 +398,7 @@ def test_only_work_inside_stream_bodies_is_tracked(device: Any) -> None:
     x.add_(1)  # outside every stream body: not tracked, nobody's write
     with device.stream(a):
         assert (x + 0).tolist() == [2.0] * 4
+    device.default_stream().wait_stream(a)  # after a's read (ORD-7)
     with device.stream(device.default_stream()):
         x.add_(1)  # the default stream, made current explicitly: tracked
     with device.stream(a), pytest.raises(spec.StreamRace):
