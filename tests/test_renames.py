@@ -41,7 +41,8 @@ def test_every_test_of_a_moved_file_is_in_the_table() -> None:
 
 _ADDED_SINCE: frozenset[str] = frozenset({
     "test_a_replay_diverging_on_one_rank_is_raised_on_every_rank",
-    # ORD-7 (issue 26)
+    # overlapped decode and ORD-7 (issue 26)
+    "test_overlapped_generation_keeps_the_ranks_in_lockstep",
     "test_write_after_another_streams_read_races",
     "test_a_write_after_read_race_names_the_reader_and_runs_nothing",
     "test_filling_a_graphs_input_while_its_replay_may_run_races",

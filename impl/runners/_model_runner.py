@@ -3,10 +3,11 @@ batches for requests that come and go, and runs greedy generation."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -408,17 +409,25 @@ class ModelRunner:
         """Build the batch (allocating its KV slots) and run it. A step the ranks refused
         (:class:`spec.DecisionMismatch`: nothing launched) gives its slots back, so every
         rank's requests and cache are as before the step (``TP-2``)."""
+        with self.refusable(requests):
+            logits = self.forward(self.build_batch(mode, requests, new_tokens))
+        self.finish_step(requests)
+        return logits
+
+    @contextlib.contextmanager
+    def refusable(self, requests: Sequence[Request]) -> Iterator[None]:
+        """Around building and deciding a step of ``requests``: when the ranks refuse it
+        (:class:`spec.DecisionMismatch`, raised before anything launched), the KV slots the
+        body allocated are given back, so every rank's requests and cache are as before the
+        step (``TP-2``), and the error propagates."""
         held = [len(r.slots) for r in requests]
-        batch = self.build_batch(mode, requests, new_tokens)
         try:
-            logits = self.forward(batch)
+            yield
         except DecisionMismatch:
             for r, n in zip(requests, held, strict=True):
                 taken, r.slots = r.slots[n:], r.slots[:n]
                 self.kv_cache.free_tokens(taken)
             raise
-        self.finish_step(requests)
-        return logits
 
     # -- generation ----------------------------------------------------------------------------
 

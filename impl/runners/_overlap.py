@@ -48,7 +48,9 @@ class OverlapScheduler:
     same argmax. A third party's decode runner without ``stage`` and ``launch`` is served by
     ``model_runner.forward`` on the compute stream (its fill then runs there: correct, less
     overlap). The sanitizer is not supported (``ModelRunner.generate`` runs unoverlapped with
-    any level but ``"off"``); tensor-parallel runners decide on the host and overlap too.
+    any level but ``"off"``); tensor-parallel runners decide on the host and overlap too, and
+    a step the ranks refuse (:class:`spec.DecisionMismatch`, before anything of it launched)
+    gives its KV slots back, as in the unoverlapped mode.
     """
 
     def __init__(self, model_runner: Any) -> None:
@@ -101,9 +103,11 @@ class OverlapScheduler:
                 if mode.is_extend():
                     live.update((i, runner.new_request(prompts[i])) for i in step)
                 requests = [live[i] for i in step]
-                how, key, batch = self._stage(requests, mode)
+                with runner.refusable(requests):
+                    how, key, batch = self._stage(requests, mode)
                 staged = self.copy.record_event()
-            logits, tokens = self._compute(requests, how, key, batch, staged)
+            with runner.refusable(requests):
+                logits, tokens = self._compute(requests, how, key, batch, staged)
             self._copy_out(logits, tokens, host_logits[row:row + len(step)],
                            host_tokens[row:row + len(step)])
             for j, i in enumerate(step):

@@ -89,6 +89,29 @@ def test_sharded_model_equals_one_rank(backend: Any, kind: str) -> None:
         )
 
 
+@pytest.mark.clause("TP-1", "RUN-13")
+def test_overlapped_generation_keeps_the_ranks_in_lockstep(backend: Any) -> None:
+    """Overlapped decode on every rank: decisions are exchanged on the host while the copy
+    stream stages, and the tokens are one rank's."""
+    device = backend.make_device()
+    eager = impl.ModelRunner(
+        _model("dense", device), device=device, max_running_requests=4, max_total_tokens=256,
+        max_context_len=32, decode_cuda_graph=False,
+    ).generate(_PROMPTS, 4)
+
+    def rank(ctx: Any) -> Any:
+        runner = _model_runner(ctx)
+        with ctx.device.stream(ctx.device.default_stream()):
+            out = runner.generate(_PROMPTS, 4, overlap=True)
+        replays = runner.decode_runner.stats.replays
+        runner.close()
+        return out, replays
+
+    for r, (out, replays) in enumerate(_ranks(backend, rank)):
+        assert out.tokens == eager.tokens, f"rank {r}: tokens differ from one rank's"
+        assert replays > 0, f"rank {r}: no decode replay"
+
+
 @pytest.mark.clause("TP-1")
 def test_collectives_are_recorded_and_replayed(backend: Any) -> None:
     """The all-reduces sit inside the graphs: captured once per size, run by every replay."""
