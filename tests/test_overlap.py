@@ -66,3 +66,14 @@ def test_build_batch_takes_new_tokens_or_a_token_source(device: Any) -> None:
         with pytest.raises(ValueError, match="new_tokens or a token_source"):
             runner.build_batch(impl.ForwardMode.DECODE, [request], tokens,
                                token_source=token_source)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_without_logits_only_the_tokens_come_back(device: Any, overlap: bool) -> None:
+    runner = make_runner(device, "dense", decode=impl.CudaGraphRunner)
+    prompts, limits = [[1, 2, 3], [4], [5, 6]], [3, 1, 4]
+    expected = runner.generate(prompts, limits)
+    with device.stream(device.default_stream()):
+        out = runner.generate(prompts, limits, overlap=overlap, return_logits=False)
+    assert out.logits is None
+    assert out.tokens == expected.tokens

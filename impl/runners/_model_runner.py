@@ -433,7 +433,7 @@ class ModelRunner:
 
     def generate(
         self, prompts: list[list[int]], max_new_tokens: int | list[int], *,
-        overlap: bool = False,
+        overlap: bool = False, return_logits: bool = True,
     ) -> GenerateOutput:
         """Greedy generation. At most ``max_running_requests`` run at once; a waiting request
         joins (one extend step for all that join) whenever there is room, otherwise the running
@@ -446,10 +446,13 @@ class ModelRunner:
         sanitizer level ``"off"`` only: with any other level (a shadow compares every replay
         on the host) generation runs unoverlapped. Multi-rank agreement (``decide``) is made
         on the host, so tensor-parallel runners overlap too.
+
+        ``return_logits=False`` keeps every step's logits on the device (``logits`` is
+        ``None``): what an engine that samples on the device copies back is the token ids.
         """
         limits = self._check_generate(prompts, max_new_tokens)
         if overlap and self._target.sanitize == "off":
-            return OverlapScheduler(self).run(prompts, limits)
+            return OverlapScheduler(self).run(prompts, limits, return_logits=return_logits)
         tokens: list[list[int]] = [[] for _ in prompts]
         logits: list[list[torch.Tensor]] = [[] for _ in prompts]
         live: dict[int, Request] = {}
@@ -459,13 +462,17 @@ class ModelRunner:
                 out = self.extend([live[i] for i in step])
             else:
                 out = self.decode([live[i] for i in step])
-            out = out.float().cpu()
-            for i, token, row in zip(step, out.argmax(-1).tolist(), out, strict=True):
+            ids = out.argmax(-1)
+            rows = out.float().cpu() if return_logits else ()
+            for j, (i, token) in enumerate(zip(step, ids.tolist(), strict=True)):
                 live[i].output_ids.append(token)
                 tokens[i].append(token)
-                logits[i].append(row)
+                if return_logits:
+                    logits[i].append(rows[j])
             for i in finished:
                 self.release(live.pop(i))
+        if not return_logits:
+            return GenerateOutput(tokens, None)
         return GenerateOutput(tokens, [torch.stack(rows) for rows in logits])
 
     def _check_generate(

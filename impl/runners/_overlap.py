@@ -82,12 +82,16 @@ class OverlapScheduler:
 
     # -- generation ------------------------------------------------------------------------
 
-    def run(self, prompts: Sequence[Sequence[int]], limits: Sequence[int]) -> GenerateOutput:
-        """Generate (see :meth:`ModelRunner.generate`; ``limits`` checked there)."""
+    def run(
+        self, prompts: Sequence[Sequence[int]], limits: Sequence[int], *,
+        return_logits: bool = True,
+    ) -> GenerateOutput:
+        """Generate (see :meth:`ModelRunner.generate`; ``limits`` checked there). Without
+        ``return_logits`` only the tokens come back to the host."""
         runner = self.model_runner
-        vocab = runner.config.vocab_size
         total = sum(limits)
-        host_logits = torch.empty(total, vocab, dtype=torch.float32, pin_memory=self.pinned)
+        width = runner.config.vocab_size if return_logits else 0
+        host_logits = torch.empty(total, width, dtype=torch.float32, pin_memory=self.pinned)
         host_tokens = torch.empty(total, dtype=torch.int64, pin_memory=self.pinned)
         rows_of: list[list[int]] = [[] for _ in prompts]
         live: dict[int, Request] = {}
@@ -107,7 +111,8 @@ class OverlapScheduler:
                     how, key, batch = self._stage(requests, mode)
                 staged = self.copy.record_event()
             with runner.refusable(requests):
-                logits, tokens = self._compute(requests, how, key, batch, staged)
+                logits, tokens = self._compute(requests, how, key, batch, staged,
+                                               return_logits)
             self._copy_out(logits, tokens, host_logits[row:row + len(step)],
                            host_tokens[row:row + len(step)])
             for j, i in enumerate(step):
@@ -123,7 +128,7 @@ class OverlapScheduler:
         every = host_tokens.tolist()
         return GenerateOutput(
             [[every[r] for r in rows] for rows in rows_of],
-            [host_logits[rows] for rows in rows_of],
+            [host_logits[rows] for rows in rows_of] if return_logits else None,
         )
 
     def _stage(
@@ -149,10 +154,11 @@ class OverlapScheduler:
 
     def _compute(
         self, requests: list[Request], how: str, key: int | None, batch: ForwardBatch,
-        staged: Any,
+        staged: Any, return_logits: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """On the compute stream, after the staging: the step's forward, its tokens scattered
-        into the future map; float32 logits and the tokens (fresh tensors)."""
+        into the future map; float32 logits (``[bs, 0]`` without ``return_logits``) and the
+        tokens (fresh tensors)."""
         runner, compute = self.model_runner, self.compute
         with self.device.stream(compute):
             compute.wait_event(staged)
@@ -164,7 +170,8 @@ class OverlapScheduler:
                 logits = runner.forward_eager(batch) if how == "eager" else runner.forward(batch)
                 tokens = logits.argmax(-1)
             self.future_tokens.index_copy_(0, batch.req_pool_indices, tokens)
-            out_logits = logits.to(torch.float32, copy=True)
+            out_logits = (logits.to(torch.float32, copy=True) if return_logits
+                          else logits.new_empty(logits.shape[0], 0, dtype=torch.float32))
             out_tokens = tokens.clone()
             runner.finish_step(requests)
             self._done = compute.record_event()
@@ -179,7 +186,8 @@ class OverlapScheduler:
         tensors are dropped (their memory is the compute stream's to re-use)."""
         with self.device.stream(self.d2h):
             self.d2h.wait_event(self._done)
-            host_logits.copy_(logits, non_blocking=self.pinned)
+            if host_logits.shape[1]:
+                host_logits.copy_(logits, non_blocking=self.pinned)
             host_tokens.copy_(tokens, non_blocking=self.pinned)
             copied = self.d2h.record_event()
         self._in_flight.append((copied, logits, tokens))

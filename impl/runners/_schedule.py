@@ -18,10 +18,10 @@ __all__ = ["GenerateOutput", "Request", "generation_schedule"]
 @dataclass
 class GenerateOutput:
     """Per request, in prompt order: the generated ids and their logits (``[steps, vocab]``,
-    float32)."""
+    float32; ``None`` when generated with ``return_logits=False``)."""
 
     tokens: list[list[int]]
-    logits: list[torch.Tensor]
+    logits: list[torch.Tensor] | None
 
 
 @dataclass(eq=False)

@@ -15,6 +15,9 @@ tokens each, all running together (one extend step, then decode steps of ``bs`` 
   :data:`BUSY_TARGET` at every batch size.
 - **Tokens per second**, unprofiled: generated tokens over the wall time of the whole
   ``generate`` call, median of :data:`REPEATS`; overlapped against unoverlapped graphs.
+
+Every generation runs with ``return_logits=False``, as an engine sampling on the device does:
+only the token ids come back to the host.
 - **Host time per step**, unprofiled: the wall time between consecutive step marks over the
   window (the device's time too, where the host waits for it), and with ``cProfile`` the host
   functions of both graph modes at batch 1 and 32 that take most of it.
@@ -128,7 +131,8 @@ def _runner(device: Any, mode: str, bs: int) -> MarkedRunner:
 
 def _generate(runner: MarkedRunner, mode: str, prompts: list[list[int]], new: int) -> Any:
     runner.marks = []
-    return runner.generate(prompts, new, overlap=mode == "graphs overlapped")
+    return runner.generate(prompts, new, overlap=mode == "graphs overlapped",
+                           return_logits=False)
 
 
 def _measure(device: Any, mode: str, bs: int, trace_dir: Path) -> dict[str, Any]:
