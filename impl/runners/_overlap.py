@@ -94,11 +94,33 @@ class OverlapScheduler:
         host_logits = torch.empty(total, width, dtype=torch.float32, pin_memory=self.pinned)
         host_tokens = torch.empty(total, dtype=torch.int64, pin_memory=self.pinned)
         rows_of: list[list[int]] = [[] for _ in prompts]
+        self.copy.wait_stream(self.compute)  # what came before the generation
+        self._done = self.compute.record_event()
+        try:
+            self._steps(prompts, limits, return_logits, host_logits, host_tokens, rows_of)
+        finally:
+            # Whatever happened, the caller's stream is ordered after the side streams' work
+            # (a failed step may leave staging or copies queued there).
+            self.compute.wait_stream(self.copy)
+            self.compute.wait_stream(self.d2h)
+        self.device.synchronize()  # the one host sync of the generation
+        self._in_flight.clear()
+        every = host_tokens.tolist()
+        return GenerateOutput(
+            [[every[r] for r in rows] for rows in rows_of],
+            [host_logits[rows] for rows in rows_of] if return_logits else None,
+        )
+
+    def _steps(
+        self, prompts: Sequence[Sequence[int]], limits: Sequence[int], return_logits: bool,
+        host_logits: torch.Tensor, host_tokens: torch.Tensor, rows_of: list[list[int]],
+    ) -> None:
+        """Issue every step of the schedule (see the class docstring); ``rows_of[i]`` gets the
+        host buffer rows of prompt ``i``'s tokens."""
+        runner = self.model_runner
         live: dict[int, Request] = {}
         finishing: list[int] = []
         row = 0
-        self.copy.wait_stream(self.compute)  # what came before the generation
-        self._done = self.compute.record_event()
         for mode, step, finished in generation_schedule(runner.max_running_requests, limits):
             with self.device.stream(self.copy):
                 self.order_copy_after_compute()
@@ -123,13 +145,6 @@ class OverlapScheduler:
             self.order_copy_after_compute()
             for i in finishing:
                 runner.release(live.pop(i))
-        self.device.synchronize()  # the one host sync of the generation
-        self._in_flight.clear()
-        every = host_tokens.tolist()
-        return GenerateOutput(
-            [[every[r] for r in rows] for rows in rows_of],
-            [host_logits[rows] for rows in rows_of] if return_logits else None,
-        )
 
     def _stage(
         self, requests: list[Request], mode: Any
