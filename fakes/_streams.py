@@ -426,8 +426,11 @@ class StreamOrder:
     latest read since the last write; a write forgets them (later work ordered after the write
     is ordered after them too: clocks are transitive).
 
-    .. note:: Granularity is the whole block (or storage): two streams writing disjoint halves
-       of one buffer race here. Reads after reads never race.
+    .. note:: Granularity is the whole block (or storage): two streams touching disjoint
+       halves of one buffer (a write and a write, or a read and a write) race here. Reads after
+       reads never race. Host tensors are CPU tensors like the device's: a host buffer written
+       inside a stream body after another stream read it is a race here, an ordinary host copy
+       on CUDA.
     """
 
     def __init__(self) -> None:

@@ -58,8 +58,8 @@ define(
             (or its gate) declined, whichever object then ran it eagerly."""),
         ("RUN-13",
          """Overlapped decode (generate(overlap=True)) gives the tokens and logits of the
-            unoverlapped mode for the same prompts and limits: step n + 1's inputs are staged
-            on another stream while step n runs, the staging stream waits on an event recorded
+            unoverlapped mode for the same prompts and limits: step n + 1 is prepared on the host
+            while step n runs and staged on another stream, which waits on an event recorded
             after step n's replay before it writes anything that replay reads (ORD-7), and
             step n's tokens reach step n + 1's input ids on the device.""",
          """The reference overlaps without host round trips: the decode graph records the

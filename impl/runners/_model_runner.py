@@ -184,6 +184,7 @@ class ModelRunner:
         )
         self.decode_runner: Any = None
         self.prefill_runner: Any = None
+        self._overlap: OverlapScheduler | None = None  # made by the first overlapped generate
         try:
             if prefill == "breakable":
                 make = prefill_runner or (
@@ -342,7 +343,7 @@ class ModelRunner:
         seq_lens = [p + n for p, n in zip(prefix, counts, strict=True)]
         ids = [] if new_tokens is None else [t for toks in new_tokens for t in toks]
         is_extend = mode.is_extend()
-        starts = list(itertools.accumulate(counts[:-1], initial=0)) if is_extend else []
+        starts = list(itertools.accumulate(counts[:-1], initial=0)) if is_extend and counts else []
         extra = [*counts, *prefix, *starts] if is_extend else []
         # Flat positions of the new tokens in the request-to-token table: one index_copy_.
         width = kv.req_to_token.shape[1]
@@ -441,8 +442,9 @@ class ModelRunner:
         (:func:`generation_schedule`) and the same tokens in both modes.
 
         ``overlap=True`` runs the schedule with :class:`~impl.OverlapScheduler`: step ``n +
-        1`` is prepared on the host and staged on a copy stream while step ``n`` runs, tokens
-        stay on the device, and the host synchronizes once, at the end. It supports the
+        1`` is prepared on the host while step ``n`` runs on the device and staged on a copy
+        stream ordered after step ``n``, tokens stay on the device, and the host synchronizes
+        once, at the end. It supports the
         sanitizer level ``"off"`` only: with any other level (a shadow compares every replay
         on the host) generation runs unoverlapped. Multi-rank agreement (``decide``) is made
         on the host, so tensor-parallel runners overlap too.
@@ -452,7 +454,9 @@ class ModelRunner:
         """
         limits = self._check_generate(prompts, max_new_tokens)
         if overlap and self._target.sanitize == "off":
-            return OverlapScheduler(self).run(prompts, limits, return_logits=return_logits)
+            if self._overlap is None:
+                self._overlap = OverlapScheduler(self)
+            return self._overlap.run(prompts, limits, return_logits=return_logits)
         tokens: list[list[int]] = [[] for _ in prompts]
         logits: list[list[torch.Tensor]] = [[] for _ in prompts]
         live: dict[int, Request] = {}

@@ -19,7 +19,12 @@ _RING = 2
 
 class OverlapScheduler:
     """Runs :meth:`ModelRunner.generate`'s schedule without the host waiting for the device
-    between steps (the shape of SGLang's overlap scheduler and vLLM's async scheduling).
+    between steps (the shape of SGLang's overlap scheduler and vLLM's async scheduling): the
+    host prepares step ``n + 1`` while the device runs step ``n``, and the staging of step ``n +
+    1`` on the copy stream is queued behind step ``n`` instead of waiting for it on the host.
+
+    A model runner keeps one scheduler (its streams and future-token map) for every overlapped
+    generation; the caller's current stream at each :meth:`run` is the compute stream.
 
     Three streams, per step ``n``:
 
@@ -41,7 +46,8 @@ class OverlapScheduler:
     The host synchronizes once, after the last step, and reads every token and logit row then.
     A step's float32 logits stay referenced until the compute stream has waited on their copy
     (two steps later), so the caching allocator hands their memory to no later kernel before
-    the copy ran.
+    the copy ran. With ``return_logits`` the pinned host buffer holds every generated row
+    (``sum(limits) x vocab`` float32): serving paths pass ``return_logits=False``.
 
     Tokens and logits equal :meth:`ModelRunner.generate` without overlap: the same schedule
     (:func:`~impl.generation_schedule`, decided from the limits alone), the same forwards, the
@@ -59,7 +65,7 @@ class OverlapScheduler:
         self.model_runner = model_runner
         device = model_runner.device
         self.device = device
-        self.compute = device.current_stream()
+        self.compute = device.current_stream()  # the caller's stream, set again by each run
         self.copy = device.Stream()
         self.d2h = device.Stream()
         self.pinned = device.device.type == "cuda"
@@ -94,6 +100,7 @@ class OverlapScheduler:
         host_logits = torch.empty(total, width, dtype=torch.float32, pin_memory=self.pinned)
         host_tokens = torch.empty(total, dtype=torch.int64, pin_memory=self.pinned)
         rows_of: list[list[int]] = [[] for _ in prompts]
+        self.compute = self.device.current_stream()
         self.copy.wait_stream(self.compute)  # what came before the generation
         self._done = self.compute.record_event()
         try:
@@ -128,11 +135,12 @@ class OverlapScheduler:
                     runner.release(live.pop(i))
                 if mode.is_extend():
                     live.update((i, runner.new_request(prompts[i])) for i in step)
-                requests = [live[i] for i in step]
-                with runner.refusable(requests):
-                    how, key, batch = self._stage(requests, mode)
-                staged = self.copy.record_event()
+            requests = [live[i] for i in step]
+            # One refusal scope from before the slots are taken to after the last decision.
             with runner.refusable(requests):
+                with self.device.stream(self.copy):
+                    how, key, batch = self._stage(requests, mode)
+                    staged = self.copy.record_event()
                 logits, tokens = self._compute(requests, how, key, batch, staged,
                                                return_logits)
             self._copy_out(logits, tokens, host_logits[row:row + len(step)],
@@ -207,5 +215,5 @@ class OverlapScheduler:
             copied = self.d2h.record_event()
         self._in_flight.append((copied, logits, tokens))
         if len(self._in_flight) > _RING:
-            old, _, _ = self._in_flight.popleft()
-            self.compute.wait_event(old)
+            self.compute.wait_event(self._in_flight[0][0])
+            self._in_flight.popleft()  # its tensors go only after the wait is issued

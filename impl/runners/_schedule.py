@@ -51,6 +51,10 @@ def generation_schedule(
     run; otherwise every running prompt decodes one token. The schedule depends on the limits
     only (no token is read), which is what lets overlapped decode prepare step ``n + 1``
     before step ``n``'s tokens exist."""
+    if isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1:
+        raise ValueError(f"max_running must be a positive int, got {max_running!r}")
+    if any(isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in limits):
+        raise ValueError(f"limits must be positive ints, got {list(limits)!r}")
     waiting = deque(range(len(limits)))
     running: list[int] = []
     made = [0] * len(limits)

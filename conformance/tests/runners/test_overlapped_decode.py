@@ -39,8 +39,10 @@ def test_overlapped_generation_equals_unoverlapped(
     device: Any, runner_api: Any, kind: str
 ) -> None:
     expected = _generate(device, make_runner(device, kind), overlap=False)
+    # Unsanitized: with a sanitizer level generate() would not overlap (--sanitize).
     runner = make_runner(device, kind, decode=runner_api.CudaGraphRunner,
-                         prefill=getattr(runner_api, "BreakableCudaGraphRunner", None))
+                         prefill=getattr(runner_api, "BreakableCudaGraphRunner", None),
+                         sanitize=False)
     actual = _generate(device, runner, overlap=True)
     assert runner.stats.graph_replays > 0, "no graph replayed"
     _expect_same(actual, expected, f"{kind}, overlapped")
@@ -58,7 +60,7 @@ def test_overlapped_steps_without_a_graph_equal_unoverlapped(
         runner = make_runner(device, "dense")
     else:
         runner = make_runner(device, "dense", decode=runner_api.CudaGraphRunner,
-                             capture_bs=[1, 2])
+                             capture_bs=[1, 2], sanitize=False)
     actual = _generate(device, runner, overlap=True)
     _expect_same(actual, expected, f"overlapped, {serving}")
     if serving == "declined":
