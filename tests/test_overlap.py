@@ -12,7 +12,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import impl
-import spec
 from conformance.scenarios import make_model, make_runner
 from conformance.strategies import suite_settings
 
@@ -78,33 +77,6 @@ def test_without_logits_only_the_tokens_come_back(device: Any, overlap: bool) ->
         out = runner.generate(prompts, limits, overlap=overlap, return_logits=False)
     assert out.logits is None
     assert out.tokens == expected.tokens
-
-
-@pytest.mark.parametrize("overlap", [False, True])
-def test_a_refused_step_gives_its_kv_slots_back(
-    device: Any, overlap: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The ranks refuse the second extend (raised by the prefill runner's decide, inside the
-    step's forward): every slot but those of the requests still running comes back, in both
-    modes (``TP-2``)."""
-    runner = make_runner(device, "dense", decode=impl.CudaGraphRunner,
-                         prefill=impl.BreakableCudaGraphRunner, max_running_requests=2,
-                         sanitize=False)
-    decide, calls = runner.prefill_runner.decide, []
-
-    def refuse_second(batch: Any) -> Any:
-        calls.append(batch.batch_size)
-        if len(calls) == 2:
-            raise spec.DecisionMismatch("a prefill size", (1, 2))
-        return decide(batch)
-
-    monkeypatch.setattr(runner.prefill_runner, "decide", refuse_second)
-    free = runner.kv_cache.available_tokens
-    with device.stream(device.default_stream()), pytest.raises(spec.DecisionMismatch):
-        runner.generate([[1, 2, 3], [4, 5], [6, 7, 8, 9]], [2, 3, 1], overlap=overlap)
-    # The refused step would have served prompt 2 alone: prompt 0 finished after one decode
-    # step and was released; prompt 1 holds its 2 prompt slots and the one token decoded.
-    assert runner.kv_cache.available_tokens == free - 3
 
 
 def test_the_schedule_refuses_a_bad_limit() -> None:

@@ -83,3 +83,33 @@ def test_staging_without_a_wait_on_the_last_step_races(
         # The first write of step n + 1's staging is to the request-to-token table, which
         # step n's forward still reads: a write after a read.
         assert info.value.clause == "ORD-7" and info.value.access == "write", info.value
+
+
+@pytest.mark.clause("RUN-13", "TP-2")
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_refused_step_gives_its_kv_slots_back(
+    device: Any, runner_api: Any, overlap: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ranks refuse the second extend (raised by the prefill runner's decide, inside the
+    step's forward): in both modes every slot comes back but those of the request still
+    running, as before the refused step."""
+    prefill = getattr(runner_api, "BreakableCudaGraphRunner", None)
+    if prefill is None:
+        pytest.skip("the backend provides no prefill runner")
+    runner = make_runner(device, "dense", decode=runner_api.CudaGraphRunner, prefill=prefill,
+                         max_running_requests=2, sanitize=False)
+    decide, calls = runner.prefill_runner.decide, []
+
+    def refuse_second(batch: Any) -> Any:
+        calls.append(batch.batch_size)
+        if len(calls) == 2:
+            raise spec.DecisionMismatch("a prefill size", (1, 2))
+        return decide(batch)
+
+    monkeypatch.setattr(runner.prefill_runner, "decide", refuse_second)
+    free = runner.kv_cache.available_tokens
+    with device.stream(device.default_stream()), pytest.raises(spec.DecisionMismatch):
+        runner.generate([[1, 2, 3], [4, 5], [6, 7, 8, 9]], [2, 3, 1], overlap=overlap)
+    # The refused step would have served prompt 2 alone: prompt 0 finished after one decode
+    # step and was released; prompt 1 holds its 2 prompt slots and the one token decoded.
+    assert runner.kv_cache.available_tokens == free - 3
