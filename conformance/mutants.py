@@ -427,7 +427,17 @@ def _caching_kv_cache(**kwargs: Any) -> impl.KVCache:
 
 
 class _AllocatingBackend(impl.TorchAttentionBackend):
-    """The in-graph half allocates fresh metadata tensors on every call."""
+    """The in-graph half allocates fresh metadata tensors on every call.
+
+    On CUDA it keeps every tensor it made, so the graph reads the capture's stale values and
+    never freed memory: there freed memory holds whatever took its place, and indices read
+    from it can trip a device-side assert, which ends the process's CUDA context for every
+    test after it. The fake reports a read of freed memory as such, so there they are freed
+    as the field's code frees them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._made: list[Any] = []
 
     def init_forward_metadata_in_graph(self, batch: Any) -> None:
         meta = self._require_metadata()
@@ -443,6 +453,8 @@ class _AllocatingBackend(impl.TorchAttentionBackend):
             fields["swa_valid"] = kv_valid & (self._arange.unsqueeze(0) >= first)
         if self.compressor:
             fields["compress_weight"] = torch.sin(batch.positions.float() * 0.37) * 0.25 + 1.0
+        if kv_indices.is_cuda:
+            self._made.append(fields)
         meta.upgrade(**fields)
 
 

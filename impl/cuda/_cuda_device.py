@@ -19,9 +19,10 @@ answers too little or fails in a way that leaves the process unusable:
   allocators stop routing to the pool and the pool reference is dropped: the process keeps
   allocating normally, and a shared pool serves the next capture.
 - **Graph scratch** (``capture_scratch``, :mod:`impl.cuda._scratch`): which memory a
-  breakable capture allocated in its own pool, from the caching allocator's snapshot, so the
-  graph can hold it without keeping it allocated (``BCG-7``), and break results copied into
-  the pool through torch's allocate-to-pool hook.
+  breakable capture allocated in its own pool, from the caching allocator's segments (one
+  snapshot per capture), so the graph can hold it without keeping it allocated (``BCG-7``),
+  and break results (allocated from the device's break pool) copied into the pool through
+  torch's allocate-to-pool hook.
 - **No graph dies during a capture** (``CUDA-4``). Destroying a CUDA graph while a global-mode
   capture is active invalidates that capture: CUDA reports it at the next launch
   (``cudaErrorStreamCaptureInvalidated``, often as ``CUBLAS_STATUS_EXECUTION_FAILED`` in a
@@ -130,6 +131,7 @@ class CudaDevice:
             )
         self.device = torch.device("cuda", torch.cuda.current_device())
         self._sleep_cycles_per_us: float | None = None
+        self._break_pool: torch.cuda.MemPool | None = None
 
     def __repr__(self) -> str:
         return f"CudaDevice({self.device})"
@@ -179,10 +181,11 @@ class CudaDevice:
     ) -> contextlib.AbstractContextManager[_CudaGraph]:
         """Capture the body into ``cuda_graph`` on ``stream`` (a side stream shared by all
         ``CudaDevice`` captures if ``None``, never the default stream), from ``pool`` (a fresh
-        private pool if ``None``), like ``torch.cuda.graph``.
+        private pool if ``None``), like ``torch.cuda.graph`` but without its device
+        synchronize and cache emptying on entry (a breakable capture enters once per segment).
 
         On entry, a capture already in progress raises :class:`NestedCapture` and the default
-        stream :class:`DefaultStreamCapture`, both before the device is synchronized. If the
+        stream :class:`DefaultStreamCapture`, before anything touches CUDA. If the
         body raises, the capture is ended, the partial graph reset (``replay()`` then raises
         :class:`GraphNotReady`), and the body's error re-raised, as a spec error when it is a
         CUDA capture failure (``CAP-1``, ``CAP-2``)."""
@@ -258,10 +261,14 @@ class CudaDevice:
     def capture_scratch(self, pool: PoolHandle) -> CudaCaptureScratch:
         """Scratch tracking for a breakable capture into ``pool`` (``spec.CaptureScratch``):
         blocks the caching allocator hands out in ``pool`` from now on are scratch; see
-        :class:`~impl.cuda._scratch.CudaCaptureScratch`."""
+        :class:`~impl.cuda._scratch.CudaCaptureScratch`. Break calls at capture allocate from
+        this device's *break pool* (a ``torch.cuda.MemPool`` made at the first call and kept
+        while the device lives: it keeps about the largest break call's temporaries)."""
         if not (isinstance(pool, tuple) and len(pool) == 2):
             raise TypeError(f"pool must be a graph_pool_handle() token, got {pool!r}")
-        return CudaCaptureScratch(self.device.index or 0, pool)
+        if self._break_pool is None:
+            self._break_pool = torch.cuda.MemPool()
+        return CudaCaptureScratch(self.device.index or 0, pool, self._break_pool)
 
     # -- introspection ------------------------------------------------------------------------
 

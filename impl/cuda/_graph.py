@@ -207,8 +207,9 @@ class _CudaGraph(torch.cuda.CUDAGraph):
 class _CaptureContext:
     """``CudaDevice.graph(...)``: ``torch.cuda.graph`` with the checks and mapping above.
 
-    Enter: refuse a nested capture or the default stream (before synchronizing), synchronize,
-    make the capture stream current, ``capture_begin``. Exit without an exception:
+    Enter: refuse a nested capture or the default stream, make the capture stream current,
+    ``capture_begin`` (no device synchronize: work queued before stays queued, and the graph
+    records only what the body enqueues). Exit without an exception:
     ``capture_end`` (spec errors on failure). Exit with an exception: end the capture, reset the
     partial graph (its pool blocks are released), and re-raise the body's error, translated into
     a spec error when it is a CUDA capture failure (``CAP-1``, ``CAP-2``).
@@ -235,12 +236,13 @@ class _CaptureContext:
         self._stream_ctx: Any = None
 
     def __enter__(self) -> _CudaGraph:
-        # Both checks before synchronize(): a synchronize during a capture would invalidate it.
         if _capture_in_progress():
             raise NestedCapture()
         if self._stream == torch.cuda.default_stream():
             raise DefaultStreamCapture()
-        torch.cuda.synchronize()
+        # No device synchronize, unlike torch.cuda.graph (which empties the allocator's cache
+        # after it): recording needs neither, and a breakable capture enters this once per
+        # segment, where each synchronize waited for the break just launched.
         self._stream_ctx = torch.cuda.stream(self._stream)
         self._stream_ctx.__enter__()
         try:
