@@ -9,6 +9,8 @@ the forward context (:func:`impl.get_forward_context`). Inside
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 
@@ -87,6 +89,54 @@ def attention_break(
     return batch.attn_backend.forward(q, k, v, layer_id, batch, save_kv_cache=False, **overrides)
 
 
+def _paged_attention_eager(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, scale: float | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """Today's path of :func:`paged_attention` (eager, full graph, breakable capture)."""
+    overrides = {}
+    if scale is not None:
+        overrides["scale"] = scale
+    if softcap is not None:
+        overrides["logit_softcap"] = softcap
+    batch = get_forward_context().batch
+    if is_in_breakable_cuda_graph():
+        batch.attn_backend.kv_cache.set_kv_buffer(layer_id, batch.out_cache_loc, k, v)
+        return attention_break(q, k, v, layer_id, overrides)
+    return batch.attn_backend.forward(q, k, v, layer_id, batch, **overrides)
+
+
+def _op_tags() -> dict[str, tuple[torch.Tag, ...]]:
+    """``cudagraph_unsafe`` where torch has the tag (and ``custom_op`` takes tags): the op's
+    body reads the live batch on the host, so no CUDA graph may record it (inductor's
+    ``mode="reduce-overhead"`` then runs it outside its graphs instead of baking one batch in)."""
+    tag = getattr(torch.Tag, "cudagraph_unsafe", None)
+    if tag is None or "tags" not in inspect.signature(torch.library.custom_op).parameters:
+        return {}
+    return {"tags": (tag,)}
+
+
+@torch.library.custom_op("cudagraph_impl::paged_attention", mutates_args=(), **_op_tags())
+def _paged_attention_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, scale: float | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """:func:`paged_attention` as one opaque op for ``torch.compile`` (the vLLM pattern): the
+    body is the eager path, which reads the live batch from the forward context and writes
+    ``k``/``v`` into the KV cache, a side effect the schema does not declare (as vLLM's
+    unified attention op's cache write); a compiler backend splits its graph at this op, and
+    it is tagged ``cudagraph_unsafe`` where torch has the tag."""
+    return _paged_attention_eager(q, k, v, layer_id, scale, softcap)
+
+
+@_paged_attention_op.register_fake
+def _paged_attention_fake(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, scale: float | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+
+
 def paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, *,
     scale: float | None = None, softcap: float | None = None,
@@ -109,17 +159,17 @@ def paged_attention(
       batch at every replay. Extend attention called straight from a segment instead raises
       :class:`spec.AttentionInSegment` (it would freeze the placeholder batch's per-request
       metadata into the graph).
+    - Only while ``torch.compile`` traces (:func:`torch.compiler.is_compiling`): the call is
+      the custom op ``torch.ops.cudagraph_impl.paged_attention`` (registered once, at import),
+      opaque to the compiler, so a backend can split its graph there as vLLM does; the op's
+      body is the eager path above (cache write included, not declared in its schema), its
+      fake returns an empty ``[T, heads * d]``; tagged ``cudagraph_unsafe`` (where torch has
+      the tag), so inductor's own CUDA graphs leave it out. Eager, full-graph and breakable
+      runs never go through the op.
     """
-    overrides = {}
-    if scale is not None:
-        overrides["scale"] = scale
-    if softcap is not None:
-        overrides["logit_softcap"] = softcap
-    batch = get_forward_context().batch
-    if is_in_breakable_cuda_graph():
-        batch.attn_backend.kv_cache.set_kv_buffer(layer_id, batch.out_cache_loc, k, v)
-        return attention_break(q, k, v, layer_id, overrides)
-    return batch.attn_backend.forward(q, k, v, layer_id, batch, **overrides)
+    if torch.compiler.is_compiling():
+        return _paged_attention_op(q, k, v, layer_id, scale, softcap)
+    return _paged_attention_eager(q, k, v, layer_id, scale, softcap)
 
 
 class AttentionMixer(nn.Module):
