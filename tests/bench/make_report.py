@@ -125,13 +125,25 @@ def _capture(data: dict[str, Any]) -> list[str]:
                f"{data['ladder_outside_pool_bytes'] / 2**20:.1f} MiB, largest alone "
                f"{data['largest_alone_outside_pool_bytes'] / 2**20:.1f} MiB; ladder / "
                f"largest counting both: {data['ladder_over_largest_with_outside']:.3f}.", ""]
+    target = data.get("capture_target_ratio", 1.1)
     times = [[r["tokens"], f"{r['breakable_s']:.3f}", f"{r['full_graph_s']:.3f}",
-              f"{r['breakable_over_full_graph']:.2f}"] for r in data["capture_seconds"]]
+              f"{r['breakable_over_full_graph']:.2f}", f"<= {target}",
+              _verdict(r["breakable_over_full_graph"] <= target)]
+             for r in data["capture_seconds"]]
+    ladder = []
+    if "plain_torch_ladder_capture_s" in data:
+        ladder = [f"The whole ladder ({len(data['ladder'])} sizes): breakable runner "
+                  f"{data['ladder_capture_s']:.2f} s, the same sizes captured with plain "
+                  f"`torch.cuda.graph` (full graphs, two warm-ups each, one pool) "
+                  f"{data['plain_torch_ladder_capture_s']:.2f} s: "
+                  f"{data['ladder_over_plain_torch']:.2f}x.", ""]
     return ["## 5. Pool memory and capture time (prefill model)", "",
             *_table(["ladder sizes", "ladder pool MiB", "largest alone MiB", "ratio", "target",
                      "verdict"], rows),
             *outside,
-            *_table(["tokens", "breakable capture s", "full graph capture s", "ratio"], times)]
+            *_table(["tokens", "breakable capture s", "full graph capture s", "ratio",
+                     "target", "verdict"], times),
+            *ladder]
 
 
 def _fake(data: dict[str, Any] | None, nox_cpu: dict[str, Any] | None) -> list[str]:
@@ -223,7 +235,8 @@ def _overlap(data: dict[str, Any]) -> list[str]:
 
 
 def _plots(folder: Path, runners: dict[str, Any] | None, overhead: dict[str, Any] | None,
-           overlap: dict[str, Any] | None = None) -> list[str]:
+           overlap: dict[str, Any] | None = None,
+           capture: dict[str, Any] | None = None) -> list[str]:
     try:
         import matplotlib
 
@@ -292,6 +305,20 @@ def _plots(folder: Path, runners: dict[str, Any] | None, overhead: dict[str, Any
         fig.savefig(folder / "overlap_busy.png", dpi=110)
         plt.close(fig)
         written.append("overlap_busy.png")
+    if capture:
+        rows = capture["capture_seconds"]
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ax.plot([r["tokens"] for r in rows], [r["breakable_over_full_graph"] for r in rows],
+                marker="o", label="breakable / full graph")
+        ax.axhline(capture.get("capture_target_ratio", 1.1), color="grey", linestyle="--",
+                   label="target")
+        ax.set(xscale="log", xlabel="prefill tokens", ylabel="capture seconds ratio",
+               title="capture cost: breakable over full graph")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(folder / "capture_cost.png", dpi=110)
+        plt.close(fig)
+        written.append("capture_cost.png")
     return written
 
 
@@ -332,7 +359,7 @@ def make_report(folder: Path) -> Path:
         lines += _tensor_parallel(tensor_parallel)
     if overlap:
         lines += _overlap(overlap)
-    for plot in _plots(folder, runners, overhead, overlap):
+    for plot in _plots(folder, runners, overhead, overlap, capture):
         lines += [f"![{plot}]({plot})", ""]
     path = folder / "bench.md"
     path.write_text("\n".join(lines))
