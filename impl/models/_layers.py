@@ -190,9 +190,10 @@ class AttentionMixer(nn.Module):
         self.compressor = compressor
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        batch = get_forward_context().batch
         if self.compressor:
-            weight = batch.attn_backend.forward_metadata.compress_weight
+            # Read only here: without a compressor the layer reads no forward context (a
+            # context variable) outside attention, so torch.compile traces it whole.
+            weight = get_forward_context().batch.attn_backend.forward_metadata.compress_weight
             x = x * weight[: x.shape[0]].unsqueeze(1).to(x.dtype)
         t = x.shape[0]
         q, k, v = self.qkv(x).split(

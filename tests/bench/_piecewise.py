@@ -37,9 +37,9 @@ inductor's CPU kernels bypass the dispatcher the fake records through).
 token dimension (``mark_dynamic`` on dim 0 of the first call's tensors: one compile serves
 every size, as in vLLM). Its first call's seconds are the compile (``compile_s``); the call that
 captures a size is timed apart (``capture_s``). Use it inside :func:`piecewise_session`, which
-lets dynamo trace the forward-context lookup the reference models make in the layer stack
-(``torch.compiler.assume_constant_result``: its value is used only by the compressor of
-``two_half_metadata`` models, which this peer does not serve) and resets dynamo on exit.
+resets dynamo on exit. The reference models read the forward context (a context variable
+dynamo cannot trace) outside attention only in the compressor of ``two_half_metadata`` models,
+which this peer does not serve.
 """
 
 from __future__ import annotations
@@ -452,21 +452,11 @@ class PiecewiseBackend:
 
 @contextlib.contextmanager
 def piecewise_session() -> Iterator[None]:
-    """Where :class:`PiecewiseStack` may compile: the reference models' forward-context lookup
-    (``impl.get_forward_context``, a context variable dynamo cannot trace) is taken as a
-    constant of the trace (only a compressor reads what it returns, and attention reads the
-    live batch in its eager op body). On exit the mark is removed and dynamo reset (compiled
-    code, counters and caches dropped), also on errors, so later code sees dynamo as before."""
-    from impl.models import get_forward_context
-
-    marked = getattr(get_forward_context, "_dynamo_marked_constant", None)
-    torch.compiler.assume_constant_result(get_forward_context)
+    """Where :class:`PiecewiseStack` may compile: on exit dynamo is reset (compiled code,
+    counters and caches dropped), also on errors, so later code sees dynamo as before."""
     try:
         yield
     finally:
-        if marked is None:
-            with contextlib.suppress(AttributeError):
-                del get_forward_context._dynamo_marked_constant  # type: ignore[attr-defined]
         torch._dynamo.reset()
 
 
