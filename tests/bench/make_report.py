@@ -234,9 +234,44 @@ def _overlap(data: dict[str, Any]) -> list[str]:
                      "host step us graphs / overlapped", "overlapped device-bound"], rows)]
 
 
+def _piecewise(data: dict[str, Any]) -> list[str]:
+    out = ["## 11. A fair compile peer: piecewise `torch.compile`", "",
+           f"On {data['device']}, torch {data['torch']}, {data['date']}. The layer stack "
+           "compiled once with dynamic token counts, split at the attention custom op, every "
+           "compute piece captured as a CUDA graph per token count (vLLM's design; "
+           "`tests/bench/_piecewise.py`); inner backend `eager` runs the same kernels as "
+           "breakable prefill, `inductor` fuses. Target: " + data["target"] + ".", ""]
+    for name, section in data.get("prefill", {}).items():
+        peers = section["peers"]
+        rows = [[r["tokens"], r["requests"], f"{r['breakable_us']:.0f}",
+                 f"{r['piecewise_eager_us']:.0f}",
+                 f"{r['breakable_over_piecewise_eager']:.3f}", "<= 1.05",
+                 _verdict(r["breakable_over_piecewise_eager"] <= 1.05),
+                 f"{r['piecewise_inductor_us']:.0f}" if "piecewise_inductor_us" in r else "",
+                 f"{r['breakable_over_piecewise_inductor']:.2f}"
+                 if "breakable_over_piecewise_inductor" in r else ""]
+                for r in section["results"]]
+        out += [f"prefill, {name}:", "",
+                *_table(["tokens", "requests", "breakable us", "piecewise eager us",
+                         "breakable / piecewise eager", "target", "verdict",
+                         "piecewise inductor us", "breakable / piecewise inductor"], rows)]
+        out += ["Compile seconds: " + ", ".join(
+            f"{peer} {info['compile_s']:.1f} s" for peer, info in peers.items()) + ".", ""]
+    for name, section in data.get("decode", {}).items():
+        rows = [[r["batch_size"], f"{r['graph_us']:.0f}", f"{r['piecewise_eager_us']:.0f}",
+                 f"{r['piecewise_inductor_us']:.0f}" if "piecewise_inductor_us" in r else ""]
+                for r in section["results"]]
+        out += [f"decode, {name} (the decode runner's full graph holds attention; the "
+                "piecewise peer runs it eagerly between pieces):", "",
+                *_table(["batch", "full decode graph us", "piecewise eager us",
+                         "piecewise inductor us"], rows)]
+    return out
+
+
 def _plots(folder: Path, runners: dict[str, Any] | None, overhead: dict[str, Any] | None,
            overlap: dict[str, Any] | None = None,
-           capture: dict[str, Any] | None = None) -> list[str]:
+           capture: dict[str, Any] | None = None,
+           piecewise: dict[str, Any] | None = None) -> list[str]:
     try:
         import matplotlib
 
@@ -319,6 +354,23 @@ def _plots(folder: Path, runners: dict[str, Any] | None, overhead: dict[str, Any
         fig.savefig(folder / "capture_cost.png", dpi=110)
         plt.close(fig)
         written.append("capture_cost.png")
+    for name, section in (piecewise or {}).get("prefill", {}).items():
+        rows = [r for r in section["results"] if r["requests"] == 1]
+        fig, ax = plt.subplots(figsize=(5.5, 4))
+        for key, legend in (("breakable_us", "breakable"),
+                            ("piecewise_eager_us", "piecewise compile, eager"),
+                            ("piecewise_inductor_us", "piecewise compile, inductor")):
+            if rows and all(key in r for r in rows):
+                ax.plot([r["tokens"] for r in rows], [r[key] / 1e3 for r in rows], marker="o",
+                        label=legend)
+        ax.set(xscale="log", yscale="log", xlabel="prefill tokens (1 request)",
+               ylabel="ms per step", title=f"prefill against piecewise compile ({name})")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(folder / "piecewise_prefill.png", dpi=110)
+        plt.close(fig)
+        written.append("piecewise_prefill.png")
+        break
     return written
 
 
@@ -334,6 +386,7 @@ def make_report(folder: Path) -> Path:
     sanitizer = _load(folder, "bench_sanitizer.json")
     tensor_parallel = _load(folder, "bench_tp.json")
     overlap = _load(folder, "bench_overlap.json")
+    piecewise = _load(folder, "bench_piecewise.json")
     head = next((d for d in (capture, overhead, runners) if d), {})
     lines = ["# Benchmarks", "",
              f"GPU: {head.get('device', 'none')}; torch {head.get('torch', '?')}, CUDA "
@@ -359,7 +412,9 @@ def make_report(folder: Path) -> Path:
         lines += _tensor_parallel(tensor_parallel)
     if overlap:
         lines += _overlap(overlap)
-    for plot in _plots(folder, runners, overhead, overlap, capture):
+    if piecewise:
+        lines += _piecewise(piecewise)
+    for plot in _plots(folder, runners, overhead, overlap, capture, piecewise):
         lines += [f"![{plot}]({plot})", ""]
     path = folder / "bench.md"
     path.write_text("\n".join(lines))

@@ -114,3 +114,40 @@ def test_overlap_section_marks_the_busy_target(tmp_path: Path) -> None:
     bs8 = next(line for line in lines if line.startswith("| bs 8 |"))
     assert "| 96.0% |" in bs1 and "| pass |" in bs1 and "| 1.92x |" in bs1, bs1
     assert "| 90.0% |" in bs8 and "| **short** |" in bs8, bs8
+
+
+def test_capture_and_piecewise_sections_mark_their_targets(tmp_path: Path) -> None:
+    _write(tmp_path, "bench_capture.json", {
+        **HEAD, "ladder": [16, 32], "ladder_pool_bytes": 2**20, "largest_alone_pool_bytes": 2**20,
+        "ladder_over_largest": 1.0, "ladder_outside_pool_bytes": 0,
+        "largest_alone_outside_pool_bytes": 0, "ladder_over_largest_with_outside": 1.0,
+        "capture_target_ratio": 1.1, "ladder_capture_s": 3.0, "plain_torch_ladder_capture_s": 2.0,
+        "ladder_over_plain_torch": 1.5,
+        "capture_seconds": [
+            {"tokens": 64, "breakable_s": 0.105, "full_graph_s": 0.1,
+             "breakable_over_full_graph": 1.05},
+            {"tokens": 4096, "breakable_s": 0.13, "full_graph_s": 0.1,
+             "breakable_over_full_graph": 1.3}]})
+    row = {"requests": 1, "breakable_us": 1000.0, "piecewise_inductor_us": 600.0,
+           "breakable_over_piecewise_inductor": 1000 / 600}
+    _write(tmp_path, "bench_piecewise.json", {
+        **HEAD, "target": "breakable/piecewise_eager <= 1.05 at every prefill shape",
+        "prefill": {"dense 24x2048": {"peers": {"piecewise_eager": {"compile_s": 5.0}}, "results": [
+            {**row, "tokens": 128, "piecewise_eager_us": 980.0,
+             "breakable_over_piecewise_eager": 1000 / 980},
+            {**row, "tokens": 8192, "piecewise_eager_us": 900.0,
+             "breakable_over_piecewise_eager": 1000 / 900}]}},
+        "decode": {"dense 8x1024": {"results": [
+            {"batch_size": 1, "graph_us": 100.0, "piecewise_eager_us": 200.0}]}}})
+
+    lines = make_report(tmp_path).read_text().splitlines()
+
+    def row_of(start: str) -> str:
+        return next(line for line in lines if line.startswith(start))
+
+    assert row_of("| 64 |").endswith("| pass |")  # 1.05x, within 1.1x
+    assert row_of("| 4096 |").endswith("| **short** |")
+    assert any("plain `torch.cuda.graph`" in line and "1.50x" in line for line in lines)
+    assert "| pass | 600 | 1.67 |" in row_of("| 128 | 1 |")  # 1.02x the piecewise peer
+    assert "| **short** |" in row_of("| 8192 | 1 |")  # 1.11x
+    assert row_of("| 1 | 100 | 200 |")
