@@ -18,7 +18,10 @@ Replay, in order:
    is not ordered after raises ``StreamRace`` before anything runs;
 4. runs the recorded ops in capture order on views of that memory, below every dispatch mode
    and under ``torch.inference_mode()`` (a graph launch is one opaque call, not aten ops);
-   functional ops compute and copy into their recorded output memory;
+   a functional op writes its recorded output memory through its ``out=`` overload, or
+   computes and copies into it (no such overload, or the output memory is also an operand's:
+   :class:`~fakes._ops.Launch`). Views of pool memory were built at capture; views of memory
+   held weakly are built for each replay from the storages step 1 resolved;
 5. records its writes as each written block's last writer, for the pool checks and, with the
    replay stream, for stream order.
 
@@ -46,7 +49,7 @@ from spec.protocol import GraphState
 from ._allocator import Block, FakePool, MemRef, WeakMemory, WriteStamp, describe_memory
 from ._compat import no_python_dispatch
 from ._mode import Recorder
-from ._ops import ReadRecord, RecordedOp, Slot, fill_slots, flatten_tensors
+from ._ops import ReadRecord, RecordedOp, Slot
 from ._roles import CaptureRef, DeviceRef, OrderRef, StreamRef
 
 __all__ = ["FakeCUDAGraph", "program_records"]
@@ -67,40 +70,42 @@ class Program:
         written: set[Block] = set()
         entry: list[tuple[ReadRecord, RecordedOp]] = []
         final: dict[Block, WriteStamp] = {}
-        for op in self.ops:
-            for index in (*(r.ref for r in op.reads), *op.writes):
-                weak = self.refs[index].weak
-                if weak is not None:
-                    first_touch.setdefault(weak, op.name)
+        read_refs: set[int] = set()
+        write_refs: set[int] = set()
+        refs = self.refs
+        for op in self.ops:  # one pass: each op's reads, then its writes, as it ran
             for read in op.reads:
-                block = self.refs[read.ref].block
+                ref = refs[read.ref]
+                read_refs.add(read.ref)
+                if ref.weak is not None and ref.weak not in first_touch:
+                    first_touch[ref.weak] = op.name
                 # A read after this graph's own write of the block always finds that write.
-                if block is not None and block not in written:
+                if ref.block is not None and ref.block not in written:
                     entry.append((read, op))
             for index, stamp in zip(op.writes, op.stamps, strict=True):
-                block = self.refs[index].block
-                if block is not None:
-                    written.add(block)
+                ref = refs[index]
+                write_refs.add(index)
+                if ref.weak is not None and ref.weak not in first_touch:
+                    first_touch[ref.weak] = op.name
+                if ref.block is not None:
+                    written.add(ref.block)
                 if stamp is not None:
-                    assert block is not None
-                    final[block] = stamp
+                    assert ref.block is not None
+                    final[ref.block] = stamp
         self.weak = tuple(first_touch.items())
-        read_refs = {r.ref for op in self.ops for r in op.reads}
-        write_refs = {index for op in self.ops for index in op.writes}
-        self._read_refs = tuple(sorted(read_refs - write_refs))
-        self._write_refs = tuple(sorted(write_refs))
+        self._read_memory = self._memory_keys(sorted(read_refs - write_refs))
+        self._write_memory = self._memory_keys(sorted(write_refs))
         self.entry_reads = tuple(entry)
         self.final_writes = tuple(final.items())
-        self._views: list[torch.Tensor | None] | None = None
+        self._views = tuple(recorder.views)  # pool memory's views; None where built at replay
+        self._dynamic = tuple(recorder.dynamic)
 
-    def _own_views(self) -> list[torch.Tensor | None]:
-        # Own-pool memory never moves while the graph lives: build those views once.
-        if self._views is None:
-            self._views = [
-                ref.view(ref.block.storage) if ref.weak is None and ref.block is not None else None
-                for ref in self.refs
-            ]
-        return self._views
+    def _memory_keys(self, indices: list[int]) -> tuple[Block | WeakMemory, ...]:
+        # What stream order keys each reference's memory by (its block; outside pools, the
+        # handle that resolves to its storage at replay), each memory once, in first-reference
+        # order: references that share a memory give it the same last writer and readers.
+        keys = (self.refs[i].block or self.refs[i].weak for i in indices)
+        return tuple(dict.fromkeys(keys))  # type: ignore[arg-type]
 
     def check(self) -> dict[WeakMemory, torch.UntypedStorage]:
         """Resolve weakly held memory and check entry reads; raise before anything runs."""
@@ -132,13 +137,12 @@ class Program:
         self, alive: dict[WeakMemory, torch.UntypedStorage]
     ) -> tuple[list[object], list[object]]:
         """The memory (pool blocks and storages, as stream order keys it) a replay reads
-        without writing, and the memory it writes; ``alive`` comes from :meth:`check`."""
-
-        def memory(index: int) -> object:
-            ref = self.refs[index]
-            return ref.block if ref.block is not None else alive[ref.weak]  # type: ignore[index]
-
-        return ([memory(i) for i in self._read_refs], [memory(i) for i in self._write_refs])
+        without writing, and the memory it writes, each memory once per list; ``alive`` comes
+        from :meth:`check`."""
+        return (
+            [alive.get(m, m) for m in self._read_memory],  # type: ignore[call-overload]
+            [alive.get(m, m) for m in self._write_memory],  # type: ignore[call-overload]
+        )
 
     def replay(self, stream: StreamRef, order: OrderRef, op: str) -> None:
         """Replay on ``stream``: every hazard check before anything runs (freed memory and
@@ -158,17 +162,11 @@ class Program:
         done = 0
         try:
             with no_python_dispatch(), torch.inference_mode():
-                views = list(self._own_views())
-                for i, ref in enumerate(self.refs):
-                    if ref.weak is not None:
-                        views[i] = ref.view(alive[ref.weak])
+                views = list(self._views)
+                for index, weak, ref in self._dynamic:
+                    views[index] = ref.view(alive[weak])
                 for op in self.ops:
-                    kwargs = {k: fill_slots(v, views) for k, v in op.kwargs.items()}
-                    result = op.func(*fill_slots(op.args, views), **kwargs)
-                    if op.outputs:
-                        for slot, value in zip(op.outputs, flatten_tensors(result), strict=True):
-                            if slot is not None and value is not None:
-                                views[slot].copy_(value)
+                    op.launch.run(views)
                     done += 1
         finally:
             if done == len(self.ops):
