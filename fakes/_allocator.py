@@ -18,6 +18,7 @@ weakly: once the pool is gone its memory counts as released, whoever still holds
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import math
 import weakref
@@ -89,6 +90,16 @@ def _fill_poison(storage: torch.UntypedStorage, nbytes: int, dtype: torch.dtype)
             torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,)).fill_(0xA5)
 
 
+@functools.cache
+def _poison_unit(dtype: torch.dtype) -> bytes:
+    """``_ROUND`` bytes of ``dtype``'s poison, exactly as :func:`_fill_poison` writes them (it
+    writes them here, once per dtype). Every block size is a multiple of ``_ROUND``, and
+    ``_ROUND`` of every element size, so a block's poison is this unit repeated."""
+    storage = torch.UntypedStorage(_ROUND)
+    _fill_poison(storage, _ROUND, dtype)
+    return bytes(storage.tolist())
+
+
 # ---------------------------------------------------------------------------------------------
 # Blocks
 # ---------------------------------------------------------------------------------------------
@@ -153,13 +164,12 @@ class Block:
     def data_ptr(self) -> int:
         return self.storage.data_ptr()
 
-    def poison(self, unit: bytes) -> None:
-        """Fill the whole block with ``unit`` (``_ROUND`` bytes of a dtype's poison, from
-        :meth:`FakePool.poison_unit`), repeated: a byte copy into the block's own buffer, the
-        same bytes as a fill of the dtype's elements without two tensor calls an allocation.
-        Every block size is a multiple of ``_ROUND``, and ``_ROUND`` of every element size."""
+    def poison(self, dtype: torch.dtype) -> None:
+        """Fill the whole block with ``dtype``'s poison (:func:`poison_value`), as a fresh
+        allocation for ``dtype`` gets it. A byte copy into the block's own buffer: the same
+        bytes as a fill of ``dtype`` elements, without two tensor calls an allocation."""
         start = self._offset
-        self._mem[start:start + self.size] = unit * (self.size // _ROUND)
+        self._mem[start:start + self.size] = _poison_unit(dtype) * (self.size // _ROUND)
 
     def tenant_storage(self) -> torch.UntypedStorage | None:
         """The live tenant storage, or ``None`` when the block is free."""
@@ -322,7 +332,6 @@ class FakePool:
         # Tenancies (below) may fire at any refcount drop, even mid-allocation: they only
         # append here, and the pool folds the queue into its free list at safe points.
         self._released: deque[tuple[Block, int]] = deque()
-        self._poison: dict[torch.dtype, bytes] = {}  # poison_unit's, per dtype
 
     # -- allocation ---------------------------------------------------------------------------
 
@@ -350,18 +359,8 @@ class FakePool:
         tenancy.queue = self._released
         _TENANCIES[id(tenancy)] = tenancy
         block.tenant = tenancy
-        block.poison(self.poison_unit(dtype))
+        block.poison(dtype)
         return block, tensor
-
-    def poison_unit(self, dtype: torch.dtype) -> bytes:
-        """``_ROUND`` bytes of ``dtype``'s poison (:func:`poison_value`), exactly as a fill of
-        ``dtype`` elements writes them (:func:`_fill_poison`, once per dtype and pool)."""
-        unit = self._poison.get(dtype)
-        if unit is None:
-            storage = torch.UntypedStorage(_ROUND)
-            _fill_poison(storage, _ROUND, dtype)
-            unit = self._poison[dtype] = bytes(storage.tolist())
-        return unit
 
     def _drain(self) -> None:
         while self._released:
