@@ -186,40 +186,32 @@ class Block:
 
 class _Tenancy(weakref.ref):  # type: ignore[type-arg]
     """A block's weak reference to its tenant storage (``Block.tenant``), which queues the
-    block's release on its pool's release queue when the storage dies.
+    block's release in its pool when the storage dies.
 
     Until then it holds the pool (and the block): a live tenant keeps its pool alive. It is
     itself held by :data:`_TENANCIES`, which nothing outside this module reaches, so a pool
     held only by its live tenants is not garbage (what ``weakref.finalize``'s registry did,
-    at a fraction of its cost per allocation); the release drops both references. The pool
-    hands over its queue (``queue``), the one thing of the pool a tenancy writes."""
+    at a fraction of its cost per allocation); the release drops both references."""
 
-    __slots__ = ("block", "gen", "pool", "queue")
+    __slots__ = ("block", "gen", "pool")
 
     block: Block | None
     gen: int
     pool: FakePool | None
-    queue: deque[tuple[Block, int]] | None
 
 
 _TENANCIES: dict[int, _Tenancy] = {}
 """The tenancies whose storage is alive, by ``id``: their owner while they wait."""
 
 
-def _release(
-    tenancy: _Tenancy, _tenancies: dict[int, _Tenancy] = _TENANCIES
-) -> None:  # pragma: no mutate block (a weakref callback: see below)
-    # The tenant storage died. Runs at any reference drop, on any thread, inside the garbage
-    # collector too, even at interpreter exit: it calls nothing of ours (the table is bound
-    # as a default: no global look-up then) and only appends to the pool's queue. Not
-    # mutated: mutmut would wrap it in a trampoline that sets a ContextVar, which CPython
-    # cannot take from inside a garbage collection triggered by another ContextVar set (the
-    # suite segfaults); what it does is checked through the pool's free list (FAKE-6).
+def _release(tenancy: _Tenancy, _tenancies: dict[int, _Tenancy] = _TENANCIES) -> None:
+    # The tenant storage died. May run at any reference drop, on any thread, even at
+    # interpreter exit (the table is bound as a default: no global lookup then).
     _tenancies.pop(id(tenancy), None)
-    block, queue = tenancy.block, tenancy.queue
-    tenancy.pool = tenancy.block = tenancy.queue = None
-    if block is not None and queue is not None:
-        queue.append((block, tenancy.gen))
+    pool, block = tenancy.pool, tenancy.block
+    tenancy.pool = tenancy.block = None
+    if pool is not None and block is not None:
+        pool.queue_release(block, tenancy.gen)
 
 
 class WeakMemory:
@@ -329,7 +321,7 @@ class FakePool:
         self._blocks: list[Block] = []
         self._free: list[tuple[int, int]] = []  # sorted (size, block id)
         self._by_id: dict[int, Block] = {}
-        # Tenancies (below) may fire at any refcount drop, even mid-allocation: they only
+        # Tenant finalizers may fire at any refcount drop, even mid-allocation: they only
         # append here, and the pool folds the queue into its free list at safe points.
         self._released: deque[tuple[Block, int]] = deque()
 
@@ -356,11 +348,15 @@ class FakePool:
         tensor = block.new_tenant(dtype)
         tenancy = _Tenancy(tensor.untyped_storage(), _release)
         tenancy.pool, tenancy.block, tenancy.gen = self, block, block.gen
-        tenancy.queue = self._released
         _TENANCIES[id(tenancy)] = tenancy
         block.tenant = tenancy
         block.poison(dtype)
         return block, tensor
+
+    def queue_release(self, block: Block, gen: int) -> None:
+        """The tenant storage of allocation ``gen`` of ``block`` died (its tenancy says so, at
+        any reference drop): queue the release, folded into the free list at a safe point."""
+        self._released.append((block, gen))
 
     def _drain(self) -> None:
         while self._released:

@@ -64,12 +64,6 @@ def no_python_dispatch() -> contextlib.AbstractContextManager[None]:
     return torch._C._DisableTorchDispatch()  # type: ignore[no-any-return]
 
 
-def inference_mode() -> contextlib.AbstractContextManager[None]:
-    """``torch.inference_mode()`` as torch's own guard object (what that context manager
-    enters), without its Python wrapper: one per replay."""
-    return torch._C._InferenceMode(True)  # type: ignore[no-any-return]
-
-
 def only_dispatch_mode(mode: Any) -> bool:
     """Whether ``mode`` (not ``None``) is the only mode on this thread's dispatch-mode stack
     (a mode running its ``__torch_dispatch__`` is off the stack meanwhile)."""

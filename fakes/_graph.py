@@ -47,7 +47,7 @@ from spec.program import OpRecord, TensorRecord
 from spec.protocol import GraphState
 
 from ._allocator import Block, FakePool, MemRef, WeakMemory, WriteStamp, describe_memory
-from ._compat import inference_mode, no_python_dispatch
+from ._compat import no_python_dispatch
 from ._mode import Recorder
 from ._ops import ReadRecord, RecordedOp, Slot
 from ._roles import CaptureRef, DeviceRef, OrderRef, StreamRef
@@ -99,7 +99,6 @@ class Program:
         self.final_writes = tuple(final.items())
         self._views = tuple(recorder.views)  # pool memory's views; None where built at replay
         self._dynamic = tuple(recorder.dynamic)
-        self._launches = tuple(op.launch.run for op in self.ops)  # bound once, called per replay
 
     def _memory_keys(self, indices: list[int]) -> tuple[Block | WeakMemory, ...]:
         # What stream order keys each reference's memory by (its block; outside pools, the
@@ -162,12 +161,12 @@ class Program:
             alive = self.check()
         done = 0
         try:
-            with no_python_dispatch(), inference_mode():
+            with no_python_dispatch(), torch.inference_mode():
                 views = list(self._views)
                 for index, weak, ref in self._dynamic:
                     views[index] = ref.view(alive[weak])
-                for launch in self._launches:
-                    launch(views)
+                for op in self.ops:
+                    op.launch.run(views)
                     done += 1
         finally:
             if done == len(self.ops):
