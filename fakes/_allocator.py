@@ -18,7 +18,6 @@ weakly: once the pool is gone its memory counts as released, whoever still holds
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
 import math
 import weakref
@@ -90,16 +89,6 @@ def _fill_poison(storage: torch.UntypedStorage, nbytes: int, dtype: torch.dtype)
             torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,)).fill_(0xA5)
 
 
-@functools.cache
-def _poison_unit(dtype: torch.dtype) -> bytes:
-    """``_ROUND`` bytes of ``dtype``'s poison, exactly as :func:`_fill_poison` writes them (it
-    writes them here, once per dtype). Every block size is a multiple of ``_ROUND``, and
-    ``_ROUND`` of every element size, so a block's poison is this unit repeated."""
-    storage = torch.UntypedStorage(_ROUND)
-    _fill_poison(storage, _ROUND, dtype)
-    return bytes(storage.tolist())
-
-
 # ---------------------------------------------------------------------------------------------
 # Blocks
 # ---------------------------------------------------------------------------------------------
@@ -154,22 +143,9 @@ class Block:
         t = torch.frombuffer(self._mem, dtype=torch.uint8, offset=self._offset, count=self.size)
         return t.untyped_storage()
 
-    def new_tenant(self, dtype: torch.dtype) -> torch.Tensor:
-        """A 1-D ``dtype`` tensor over the whole block on a new storage aliasing it (what
-        :meth:`new_storage` makes, reached through a tensor: one call less per allocation)."""
-        count = self.size // dtype.itemsize
-        return torch.frombuffer(self._mem, dtype=dtype, offset=self._offset, count=count)
-
     @property
     def data_ptr(self) -> int:
         return self.storage.data_ptr()
-
-    def poison(self, dtype: torch.dtype) -> None:
-        """Fill the whole block with ``dtype``'s poison (:func:`poison_value`), as a fresh
-        allocation for ``dtype`` gets it. A byte copy into the block's own buffer: the same
-        bytes as a fill of ``dtype`` elements, without two tensor calls an allocation."""
-        start = self._offset
-        self._mem[start:start + self.size] = _poison_unit(dtype) * (self.size // _ROUND)
 
     def tenant_storage(self) -> torch.UntypedStorage | None:
         """The live tenant storage, or ``None`` when the block is free."""
@@ -182,36 +158,6 @@ class Block:
     def __repr__(self) -> str:  # pragma: no mutate block (debugging text)
         state = "live" if self.tenant_storage() is not None else "free"
         return f"<{self.describe()} {state}>"
-
-
-class _Tenancy(weakref.ref):  # type: ignore[type-arg]
-    """A block's weak reference to its tenant storage (``Block.tenant``), which queues the
-    block's release in its pool when the storage dies.
-
-    Until then it holds the pool (and the block): a live tenant keeps its pool alive. It is
-    itself held by :data:`_TENANCIES`, which nothing outside this module reaches, so a pool
-    held only by its live tenants is not garbage (what ``weakref.finalize``'s registry did,
-    at a fraction of its cost per allocation); the release drops both references."""
-
-    __slots__ = ("block", "gen", "pool")
-
-    block: Block | None
-    gen: int
-    pool: FakePool | None
-
-
-_TENANCIES: dict[int, _Tenancy] = {}
-"""The tenancies whose storage is alive, by ``id``: their owner while they wait."""
-
-
-def _release(tenancy: _Tenancy, _tenancies: dict[int, _Tenancy] = _TENANCIES) -> None:
-    # The tenant storage died. May run at any reference drop, on any thread, even at
-    # interpreter exit (the table is bound as a default: no global lookup then).
-    _tenancies.pop(id(tenancy), None)
-    pool, block = tenancy.pool, tenancy.block
-    tenancy.pool = tenancy.block = None
-    if pool is not None and block is not None:
-        pool.queue_release(block, tenancy.gen)
 
 
 class WeakMemory:
@@ -327,12 +273,11 @@ class FakePool:
 
     # -- allocation ---------------------------------------------------------------------------
 
-    def allocate(self, nbytes: int, dtype: torch.dtype) -> tuple[Block, torch.Tensor]:
+    def allocate(self, nbytes: int, dtype: torch.dtype) -> tuple[Block, torch.UntypedStorage]:
         """A block of at least ``nbytes`` for a new tenant, poisoned for ``dtype``.
 
-        Returns the block and a 1-D ``dtype`` tensor over all of it, on the tenant storage;
-        the caller gives it its geometry (``set_``) or builds tensors on its storage. The block
-        returns to this pool when the storage dies.
+        Returns the block and its tenant storage; the caller builds tensors on the storage.
+        The block returns to this pool when the storage dies.
         """
         self._drain()
         size = _round_size(nbytes)
@@ -345,17 +290,14 @@ class FakePool:
             self._blocks.append(block)
             self._by_id[block.id] = block
         block.gen += 1
-        tensor = block.new_tenant(dtype)
-        tenancy = _Tenancy(tensor.untyped_storage(), _release)
-        tenancy.pool, tenancy.block, tenancy.gen = self, block, block.gen
-        _TENANCIES[id(tenancy)] = tenancy
-        block.tenant = tenancy
-        block.poison(dtype)
-        return block, tensor
+        tenant = block.new_storage()
+        block.tenant = weakref.ref(tenant)
+        fin = weakref.finalize(tenant, self._on_release, block, block.gen)
+        fin.atexit = False
+        _fill_poison(block.storage, block.size, dtype)
+        return block, tenant
 
-    def queue_release(self, block: Block, gen: int) -> None:
-        """The tenant storage of allocation ``gen`` of ``block`` died (its tenancy says so, at
-        any reference drop): queue the release, folded into the free list at a safe point."""
+    def _on_release(self, block: Block, gen: int) -> None:
         self._released.append((block, gen))
 
     def _drain(self) -> None:

@@ -8,6 +8,7 @@ older than the 2.11 the project requires.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -57,24 +58,9 @@ def remove_dispatch_mode(mode: Any) -> bool:
     return True
 
 
-def no_python_dispatch() -> contextlib.AbstractContextManager[None]:
+@contextlib.contextmanager
+def no_python_dispatch() -> Iterator[None]:
     """Run the fake's own bookkeeping ops (views, fills, copies) below every dispatch mode and
-    tensor subclass, so neither the recorder nor a user's mode ever sees them: a context
-    manager (torch's own guard object, nestable; no generator frame on the per-op paths)."""
-    return torch._C._DisableTorchDispatch()  # type: ignore[no-any-return]
-
-
-def only_dispatch_mode(mode: Any) -> bool:
-    """Whether ``mode`` (not ``None``) is the only mode on this thread's dispatch-mode stack
-    (a mode running its ``__torch_dispatch__`` is off the stack meanwhile)."""
-    return (
-        mode is not None
-        and torch._C._len_torch_dispatch_stack() == 1
-        and torch._C._get_dispatch_stack_at(0) is mode
-    )
-
-
-def op_kernel(func: torch._ops.OpOverload) -> Any:
-    """The C++ callable behind ``func``: what ``OpOverload.__call__`` forwards every call to,
-    without that Python frame (replay calls it once per recorded op)."""
-    return func._op
+    tensor subclass, so neither the recorder nor a user's mode ever sees them."""
+    with torch._C._DisableTorchDispatch():
+        yield

@@ -195,11 +195,6 @@ class FakeDevice:
         :meth:`stream` made another current). An instance of ``self.Stream`` (``DEV-2``)."""
         return getattr(self._tls, "stream", None) or self._default
 
-    def order_mode(self) -> StreamOrderMode | None:
-        """The stream-order mode this thread's outermost :meth:`stream` body pushed, or
-        ``None`` outside such bodies."""
-        return getattr(self._tls, "order_mode", None)
-
     def default_stream(self) -> FakeStream:
         """The default stream, which cannot capture (``CAP-3``)."""
         return self._default

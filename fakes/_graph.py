@@ -18,10 +18,7 @@ Replay, in order:
    is not ordered after raises ``StreamRace`` before anything runs;
 4. runs the recorded ops in capture order on views of that memory, below every dispatch mode
    and under ``torch.inference_mode()`` (a graph launch is one opaque call, not aten ops);
-   a functional op writes its recorded output memory through its ``out=`` overload, or
-   computes and copies into it (no such overload, or the output memory is also an operand's:
-   :class:`~fakes._ops.Launch`). Views of pool memory were built at capture; views of memory
-   held weakly are built for each replay from the storages step 1 resolved;
+   functional ops compute and copy into their recorded output memory;
 5. records its writes as each written block's last writer, for the pool checks and, with the
    replay stream, for stream order.
 
@@ -49,7 +46,7 @@ from spec.protocol import GraphState
 from ._allocator import Block, FakePool, MemRef, WeakMemory, WriteStamp, describe_memory
 from ._compat import no_python_dispatch
 from ._mode import Recorder
-from ._ops import ReadRecord, RecordedOp, Slot
+from ._ops import ReadRecord, RecordedOp, Slot, fill_slots, flatten_tensors
 from ._roles import CaptureRef, DeviceRef, OrderRef, StreamRef
 
 __all__ = ["FakeCUDAGraph", "program_records"]
@@ -70,42 +67,40 @@ class Program:
         written: set[Block] = set()
         entry: list[tuple[ReadRecord, RecordedOp]] = []
         final: dict[Block, WriteStamp] = {}
-        read_refs: set[int] = set()
-        write_refs: set[int] = set()
-        refs = self.refs
-        for op in self.ops:  # one pass: each op's reads, then its writes, as it ran
+        for op in self.ops:
+            for index in (*(r.ref for r in op.reads), *op.writes):
+                weak = self.refs[index].weak
+                if weak is not None:
+                    first_touch.setdefault(weak, op.name)
             for read in op.reads:
-                ref = refs[read.ref]
-                read_refs.add(read.ref)
-                if ref.weak is not None and ref.weak not in first_touch:
-                    first_touch[ref.weak] = op.name
+                block = self.refs[read.ref].block
                 # A read after this graph's own write of the block always finds that write.
-                if ref.block is not None and ref.block not in written:
+                if block is not None and block not in written:
                     entry.append((read, op))
             for index, stamp in zip(op.writes, op.stamps, strict=True):
-                ref = refs[index]
-                write_refs.add(index)
-                if ref.weak is not None and ref.weak not in first_touch:
-                    first_touch[ref.weak] = op.name
-                if ref.block is not None:
-                    written.add(ref.block)
+                block = self.refs[index].block
+                if block is not None:
+                    written.add(block)
                 if stamp is not None:
-                    assert ref.block is not None
-                    final[ref.block] = stamp
+                    assert block is not None
+                    final[block] = stamp
         self.weak = tuple(first_touch.items())
-        self._read_memory = self._memory_keys(sorted(read_refs - write_refs))
-        self._write_memory = self._memory_keys(sorted(write_refs))
+        read_refs = {r.ref for op in self.ops for r in op.reads}
+        write_refs = {index for op in self.ops for index in op.writes}
+        self._read_refs = tuple(sorted(read_refs - write_refs))
+        self._write_refs = tuple(sorted(write_refs))
         self.entry_reads = tuple(entry)
         self.final_writes = tuple(final.items())
-        self._views = tuple(recorder.views)  # pool memory's views; None where built at replay
-        self._dynamic = tuple(recorder.dynamic)
+        self._views: list[torch.Tensor | None] | None = None
 
-    def _memory_keys(self, indices: list[int]) -> tuple[Block | WeakMemory, ...]:
-        # What stream order keys each reference's memory by (its block; outside pools, the
-        # handle that resolves to its storage at replay), each memory once, in first-reference
-        # order: references that share a memory give it the same last writer and readers.
-        keys = (self.refs[i].block or self.refs[i].weak for i in indices)
-        return tuple(dict.fromkeys(keys))  # type: ignore[arg-type]
+    def _own_views(self) -> list[torch.Tensor | None]:
+        # Own-pool memory never moves while the graph lives: build those views once.
+        if self._views is None:
+            self._views = [
+                ref.view(ref.block.storage) if ref.weak is None and ref.block is not None else None
+                for ref in self.refs
+            ]
+        return self._views
 
     def check(self) -> dict[WeakMemory, torch.UntypedStorage]:
         """Resolve weakly held memory and check entry reads; raise before anything runs."""
@@ -137,12 +132,13 @@ class Program:
         self, alive: dict[WeakMemory, torch.UntypedStorage]
     ) -> tuple[list[object], list[object]]:
         """The memory (pool blocks and storages, as stream order keys it) a replay reads
-        without writing, and the memory it writes, each memory once per list; ``alive`` comes
-        from :meth:`check`."""
-        return (
-            [alive.get(m, m) for m in self._read_memory],  # type: ignore[call-overload]
-            [alive.get(m, m) for m in self._write_memory],  # type: ignore[call-overload]
-        )
+        without writing, and the memory it writes; ``alive`` comes from :meth:`check`."""
+
+        def memory(index: int) -> object:
+            ref = self.refs[index]
+            return ref.block if ref.block is not None else alive[ref.weak]  # type: ignore[index]
+
+        return ([memory(i) for i in self._read_refs], [memory(i) for i in self._write_refs])
 
     def replay(self, stream: StreamRef, order: OrderRef, op: str) -> None:
         """Replay on ``stream``: every hazard check before anything runs (freed memory and
@@ -162,11 +158,17 @@ class Program:
         done = 0
         try:
             with no_python_dispatch(), torch.inference_mode():
-                views = list(self._views)
-                for index, weak, ref in self._dynamic:
-                    views[index] = ref.view(alive[weak])
+                views = list(self._own_views())
+                for i, ref in enumerate(self.refs):
+                    if ref.weak is not None:
+                        views[i] = ref.view(alive[ref.weak])
                 for op in self.ops:
-                    op.launch.run(views)
+                    kwargs = {k: fill_slots(v, views) for k, v in op.kwargs.items()}
+                    result = op.func(*fill_slots(op.args, views), **kwargs)
+                    if op.outputs:
+                        for slot, value in zip(op.outputs, flatten_tensors(result), strict=True):
+                            if slot is not None and value is not None:
+                                views[slot].copy_(value)
                     done += 1
         finally:
             if done == len(self.ops):

@@ -9,8 +9,6 @@ from typing import Any
 
 import torch
 
-from ._compat import op_kernel
-
 __all__ = ["MetaCache", "MetaCacheInfo"]
 
 _SCALARS = (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.layout,
@@ -28,39 +26,16 @@ class _Uncacheable(Exception):
     """An operand the cache cannot key on."""
 
 
-_EXACT_SCALARS = frozenset(_SCALARS)
-
-
 def _signature(value: Any) -> Any:
     """Hashable description of an operand; scalars keep their type (``x + 2`` and ``x + 2.0``
-    promote differently). ``torch.Size`` is a tuple: it hashes and compares as one. Only plain
-    strided tensors have one: every other operand is uncacheable."""
-    kind = type(value)
-    if kind in _EXACT_SCALARS:  # the common case first, by exact type (no isinstance chain)
-        return (kind, value)
+    promote differently)."""
     if isinstance(value, torch.Tensor):
-        if value.layout != torch.strided or value.is_quantized:
-            raise _Uncacheable  # no strides to key on (the recorder refuses such operands)
-        return (torch.Tensor, value.shape, value.stride(), value.dtype)
-    if kind is list or kind is tuple:
-        return (kind, tuple([_signature(v) for v in value]))
+        return (torch.Tensor, tuple(value.shape), value.stride(), value.dtype)
+    if type(value) in (list, tuple):
+        return (type(value), tuple(_signature(v) for v in value))
     if isinstance(value, _SCALARS):
-        return (kind, value)
+        return (type(value), value)
     raise _Uncacheable
-
-
-def _key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The table key of ``func`` on ``args``/``kwargs``: the op (its C++ callable, which hashes
-    without a Python call and is one per overload), and the signatures of the positional
-    operands and of the keyword operands (sorted by name)."""
-    op = op_kernel(func)
-    if not kwargs:
-        return (op, tuple([_signature(v) for v in args]), ())
-    return (
-        op,
-        tuple([_signature(v) for v in args]),
-        tuple([(k, _signature(v)) for k, v in sorted(kwargs.items())]),
-    )
 
 
 @dataclass(frozen=True)
@@ -97,7 +72,7 @@ class MetaCache:
         """The cached result of ``func`` on operands like ``args``/``kwargs``, or ``compute()``
         (then cached)."""
         try:
-            key = _key(func, args, kwargs)
+            key = (func, _signature(args), _signature(tuple(sorted(kwargs.items()))))
         except _Uncacheable:
             return compute()
         hit = _ENTRIES.get(key)

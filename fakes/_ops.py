@@ -14,11 +14,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-
-from ._compat import op_kernel
 
 if TYPE_CHECKING:
     from ._allocator import WriteStamp
@@ -120,47 +118,6 @@ def classify_op(func: torch._ops.OpOverload) -> OpInfo:
     )
 
 
-READ_ONLY = (False, True)
-"""The role of an operand the schema does not name: read, not written."""
-
-
-@dataclass(frozen=True)
-class RecordPlan:
-    """What recording one op overload needs beyond its :class:`OpInfo`, worked out once.
-
-    ``positional`` gives, per schema argument in order, whether the op writes it (the schema's
-    ``Tensor(a!)``) and whether it reads it (every operand but ``out=`` arguments and the
-    target of an :data:`OVERWRITE_SELF` op); ``by_name`` the same by argument name.
-    ``kernel`` is the C++ callable replay launches the op with, and ``out`` the callable of
-    its ``out=`` overload and the name of that overload's out argument (:func:`out_overload`),
-    or ``None``.
-    """
-
-    positional: tuple[tuple[bool, bool], ...]
-    by_name: dict[str, tuple[bool, bool]]
-    kernel: Any
-    out: tuple[Any, str] | None
-
-
-@functools.cache
-def record_plan(func: torch._ops.OpOverload) -> RecordPlan:
-    """The :class:`RecordPlan` of ``func``; cached per overload."""
-    info = classify_op(func)
-    overwrite = func in OVERWRITE_SELF
-    roles = tuple(
-        (name in info.written,
-         name not in info.out_args and not (name == "self" and overwrite))
-        for name in info.arg_names
-    )
-    found = out_overload(func)
-    return RecordPlan(
-        positional=roles,
-        by_name=dict(zip(info.arg_names, roles, strict=True)),
-        kernel=op_kernel(func),
-        out=None if found is None else (op_kernel(found[0]), found[1]),
-    )
-
-
 # ---------------------------------------------------------------------------------------------
 # Special-case registry
 # ---------------------------------------------------------------------------------------------
@@ -197,7 +154,6 @@ def register_op_handler(selector: OpSelector) -> Callable[[Handler], Handler]:
                 raise ValueError(f"predicate {selector!r} already has a handler")
             _PREDICATE_HANDLERS.append((selector, handler))
             handler_for.cache_clear()
-            op_facts.cache_clear()
             return handler
         else:
             ops = list(selector)
@@ -209,7 +165,6 @@ def register_op_handler(selector: OpSelector) -> Callable[[Handler], Handler]:
         for op in ops:
             _HANDLERS[op] = handler
         handler_for.cache_clear()
-        op_facts.cache_clear()
         return handler
 
     return deco
@@ -225,15 +180,6 @@ def handler_for(func: torch._ops.OpOverload) -> Handler | None:
         if pred(func):
             return handler
     return None
-
-
-@functools.cache
-def op_facts(
-    func: torch._ops.OpOverload,
-) -> tuple[OpInfo, Handler | None, RecordPlan]:
-    """``func``'s :func:`classify_op`, :func:`handler_for` and :func:`record_plan` in one
-    look-up, for the recorder's per-op path (cleared with the handlers)."""
-    return classify_op(func), handler_for(func), record_plan(func)
 
 
 def aten_ops(*names: str) -> list[torch._ops.OpOverload]:
@@ -266,24 +212,25 @@ class Slot:
         return f"Slot({self.index})"
 
 
-class ReadRecord(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class ReadRecord:
     """A read of pool memory made at capture: the reference, and the write it expects to find
     (``None`` when no graph had written that allocation yet: its content comes from outside
-    graphs). Immutable (a named tuple: one is made per recorded read, and a tuple is built in
-    a fraction of a frozen dataclass's time)."""
+    graphs)."""
 
     ref: int
     expected: WriteStamp | None
 
 
-class RecordedOp(NamedTuple):
-    """One recorded kernel (immutable; a named tuple, as :class:`ReadRecord`).
+@dataclass(frozen=True, slots=True)
+class RecordedOp:
+    """One recorded kernel.
 
     ``args``/``kwargs`` hold the call with every tensor replaced by a :class:`Slot`; the slots
     index the graph's :class:`~fakes._allocator.MemRef` table, so the op refers to memory, not
-    to Python tensors. ``outputs`` gives, per flattened result of a functional op, the slot of
-    its recorded memory (``None`` for results that are not fresh tensors). ``reads`` and
-    ``writes`` list the pool and external memory the op touches, for hazard checks.
+    to Python tensors. ``outputs`` gives, per flattened result of a functional op, the slot its
+    value is copied into at replay (``None`` for results that are not fresh tensors). ``reads``
+    and ``writes`` list the pool and external memory the op touches, for hazard checks.
     """
 
     index: int
@@ -295,95 +242,11 @@ class RecordedOp(NamedTuple):
     reads: tuple[ReadRecord, ...]
     writes: tuple[int, ...]
     stamps: tuple[WriteStamp | None, ...]
-    launch: Launch
-    """How replay launches the op (its operands as indices into replay's views)."""
     frame: str | None = None
     """``"file:line"`` that issued the op, when the device records frames."""
 
     def __repr__(self) -> str:
         return f"<recorded op {self.index}: {self.name}>"
-
-
-def _signature_args(schema: Any) -> list[tuple[Any, ...]]:
-    return [(a.name, str(a.type), a.kwarg_only, repr(a.default_value))
-            for a in schema.arguments if not _is_out(a)]
-
-
-@functools.cache
-def out_overload(func: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, str] | None:
-    """The ``out=`` overload of a functional op with one tensor result, and the name of its
-    out argument: the overload of the same packet whose arguments, less one out argument, are
-    ``func``'s exactly (names, types, kinds, defaults). ``None`` where there is none, or more
-    than one: replay then computes the result and copies it into the recorded memory."""
-    schema = func._schema
-    if len(schema.returns) != 1 or schema.returns[0].alias_info is not None:
-        return None
-    if any(_is_out(a) for a in schema.arguments):
-        return None
-    packet = getattr(torch.ops, func.namespace, None)
-    packet = getattr(packet, func._schema.name.split("::")[-1], None)
-    if packet is None:
-        return None
-    wanted = _signature_args(schema)
-    found = []
-    for name in packet.overloads():
-        other = getattr(packet, name)
-        outs = [a for a in other._schema.arguments if _is_out(a)]
-        if (len(outs) == 1 and len(other._schema.returns) == 1
-                and _signature_args(other._schema) == wanted):
-            found.append((other, outs[0].name))
-    return found[0] if len(found) == 1 else None
-
-
-class Launch:
-    """How replay launches one recorded op: its arguments with each tensor operand a *view
-    index* (replay's table of views of the recorded memory), and where its result goes.
-
-    A functional op with an ``out=`` overload (:func:`out_overload`) is launched through it,
-    writing its recorded output memory directly; any other op is called as recorded and its
-    fresh results (``copies``: per flattened result, the view index it is copied into, or
-    ``None``) are copied into the recorded memory. Either way the output memory ends holding
-    what the functional op computes, with the same kernel.
-
-    Most ops take their tensors as top-level positional arguments: ``fills`` lists (position,
-    view index) for those, and the template in ``args`` is copied and filled. An op with a
-    tensor inside a list or among its keyword arguments (``cat``, ``index_put_``) fills
-    ``args`` and ``kwargs`` through :func:`fill_slots` instead (``generic``), where each
-    :class:`Slot` holds a view index.
-    """
-
-    __slots__ = ("args", "copies", "fills", "generic", "kernel", "kwargs", "out")
-
-    def __init__(self, kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 fills: tuple[tuple[int, int], ...], generic: bool,
-                 out: tuple[str, int] | None, copies: tuple[int | None, ...]) -> None:
-        self.kernel = kernel
-        self.args = args
-        self.kwargs = kwargs
-        self.fills = fills
-        self.generic = generic
-        self.out = out
-        self.copies = copies
-
-    def run(self, views: list[torch.Tensor]) -> None:
-        """Launch the op on ``views`` (call below every dispatch mode)."""
-        if self.generic:
-            args = fill_slots(self.args, views)
-            kwargs = {k: fill_slots(v, views) for k, v in self.kwargs.items()}
-        else:
-            args = list(self.args)
-            for position, view in self.fills:
-                args[position] = views[view]
-            kwargs = self.kwargs
-        out = self.out
-        if out is not None:
-            self.kernel(*args, **kwargs, **{out[0]: views[out[1]]})
-            return
-        result = self.kernel(*args, **kwargs)
-        if self.copies:
-            for view, value in zip(self.copies, flatten_tensors(result), strict=True):
-                if view is not None and value is not None:
-                    views[view].copy_(value)
 
 
 def fill_slots(value: Any, views: list[torch.Tensor]) -> Any:
