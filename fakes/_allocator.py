@@ -10,19 +10,24 @@ allocation of that pool may get it (best fit, no splitting). Every hand-out bump
 re-use of the memory is told apart from a write to the same tensor.
 
 A *pool* owns its blocks for as long as it lives; graphs captured into a pool, pool tokens from
-``graph_pool_handle()``, and live tenants keep it alive. Nothing in here holds a strong reference
-back to a graph or to a device, so pools die by reference counting alone. A block knows its pool
+``graph_pool_handle()``, and live tenants keep it alive (a tenant storage holds its pool; the
+block holds the tenant only weakly, by its *lease*, whose callback queues the block for the
+free list). Fresh memory is poisoned by one byte copy of the pool's pattern for the dtype.
+Nothing in here holds a strong reference back to a graph or to a device, so pools die by
+reference counting alone. A block knows its pool
 weakly: once the pool is gone its memory counts as released, whoever still holds the block.
 """
 
 from __future__ import annotations
 
 import bisect
+import ctypes
 import itertools
 import math
 import weakref
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -79,14 +84,16 @@ def is_poisoned(tensor: torch.Tensor) -> bool:
         return bool((tensor == poison_value(tensor.dtype)).all())
 
 
-def _fill_poison(storage: torch.UntypedStorage, nbytes: int, dtype: torch.dtype) -> None:
+def _poison_bytes(dtype: torch.dtype, nbytes: int) -> bytes:
+    """``nbytes`` bytes of :func:`poison_value` of ``dtype``, element after element."""
     with no_python_dispatch():
         item = torch.empty((), dtype=dtype).element_size()
-        whole = torch.empty(0, dtype=dtype).set_(storage, 0, (nbytes // item,))
+        whole = torch.empty(nbytes // item, dtype=dtype)
         try:
             whole.fill_(poison_value(dtype))
         except (RuntimeError, NotImplementedError):  # dtypes without a CPU fill (float8, ...)
-            torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,)).fill_(0xA5)
+            return b"\xa5" * nbytes
+        return bytes(whole.view(torch.uint8).numpy())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,8 +101,7 @@ def _fill_poison(storage: torch.UntypedStorage, nbytes: int, dtype: torch.dtype)
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class WriteStamp:
+class WriteStamp(NamedTuple):
     """Who last wrote a pool block: op ``op`` of the graph with serial ``graph``, writing the
     block's allocation ``gen``."""
 
@@ -131,7 +137,7 @@ class Block:
         self.pool_ref = weakref.ref(pool)  # the pool owns the block, not the other way round
         self.size = size
         self._mem = bytearray(size + _ALIGN)
-        addr = torch.frombuffer(self._mem, dtype=torch.uint8, count=1).data_ptr()
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(self._mem))
         self._offset = (-addr) % _ALIGN
         # The pool's owning view of the block: what graphs replay into, whoever the tenant is.
         self.storage = self.new_storage()
@@ -142,6 +148,20 @@ class Block:
     def new_storage(self) -> torch.UntypedStorage:
         t = torch.frombuffer(self._mem, dtype=torch.uint8, offset=self._offset, count=self.size)
         return t.untyped_storage()
+
+    def new_tensor(self, dtype: torch.dtype) -> torch.Tensor:
+        """A flat ``dtype`` tensor over the whole block, on a new storage (call under
+        ``no_python_dispatch``)."""
+        count = self.size // dtype.itemsize
+        return torch.frombuffer(self._mem, dtype=dtype, offset=self._offset, count=count)
+
+    def fill(self, pattern: bytes) -> None:
+        """Overwrite the whole block with the first :attr:`size` bytes of ``pattern`` (at least
+        that long: a shorter slice assignment would shrink the memory)."""
+        if len(pattern) < self.size:
+            raise ValueError(f"{len(pattern)} bytes of pattern for a block of {self.size}")
+        start = self._offset
+        self._mem[start:start + self.size] = memoryview(pattern)[:self.size]
 
     @property
     def data_ptr(self) -> int:
@@ -158,6 +178,14 @@ class Block:
     def __repr__(self) -> str:  # pragma: no mutate block (debugging text)
         state = "live" if self.tenant_storage() is not None else "free"
         return f"<{self.describe()} {state}>"
+
+
+class _Lease(weakref.ref):  # type: ignore[type-arg]
+    """A block's tenancy: a weak reference to the tenant storage that knows its block (set
+    right after it is made: weakref's own constructor, no Python one, is the cheap path)."""
+
+    __slots__ = ("block",)
+    block: Block
 
 
 class WeakMemory:
@@ -223,8 +251,7 @@ def describe_memory(memory: Block | torch.UntypedStorage) -> str:
     return memory.describe() if isinstance(memory, Block) else external_label(memory)
 
 
-@dataclass(frozen=True, slots=True)
-class MemRef:
+class MemRef(NamedTuple):
     """The memory one recorded operand touches: where, and with which geometry.
 
     ``block`` is the pool block (``None`` for memory outside every fake pool) and ``gen`` the
@@ -260,16 +287,24 @@ class FakePool:
     handed to later allocations of the same pool, smallest fitting block first.
     """
 
-    def __init__(self, device_id: int, owner: str) -> None:
+    def __init__(
+        self, device_id: int, owner: str, on_new_block: Callable[[Block], None] | None = None
+    ) -> None:
         self.id = next(_pool_ids)
+        self._on_new_block = on_new_block  # the device's memory table learns every block
         self.device_id = device_id
         self.owner = owner
         self._blocks: list[Block] = []
         self._free: list[tuple[int, int]] = []  # sorted (size, block id)
         self._by_id: dict[int, Block] = {}
-        # Tenant finalizers may fire at any refcount drop, even mid-allocation: they only
-        # append here, and the pool folds the queue into its free list at safe points.
-        self._released: deque[tuple[Block, int]] = deque()
+        # Tenancy callbacks may fire at any refcount drop, even mid-allocation: they only
+        # append here (the deque's own append, no Python code), and the pool folds the queue
+        # into its free list at safe points.
+        self._released: deque[_Lease] = deque()
+        # Per dtype, poison bytes at least as long as the largest block poisoned for it: fresh
+        # memory is poisoned by one byte copy (blocks start 64-byte aligned, so element
+        # boundaries line up with the pattern's).
+        self._poison: dict[torch.dtype, bytes] = {}
 
     # -- allocation ---------------------------------------------------------------------------
 
@@ -279,6 +314,26 @@ class FakePool:
         Returns the block and its tenant storage; the caller builds tensors on the storage.
         The block returns to this pool when the storage dies.
         """
+        block = self._take(nbytes, dtype)
+        tenant = block.new_storage()
+        self._lease(block, tenant)
+        return block, tenant
+
+    def allocate_tensor(
+        self, nbytes: int, dtype: torch.dtype, offset: int, shape: Sequence[int],
+        stride: Sequence[int],
+    ) -> tuple[Block, torch.Tensor]:
+        """:meth:`allocate`, and a tensor of that geometry on the tenant storage (the one
+        tensor the tenant starts with; call under ``no_python_dispatch``)."""
+        block = self._take(nbytes, dtype)
+        t = block.new_tensor(dtype)
+        tenant = t.untyped_storage()
+        t.set_(tenant, offset, shape, stride)
+        self._lease(block, tenant)
+        return block, t
+
+    def _take(self, nbytes: int, dtype: torch.dtype) -> Block:
+        # The best-fitting free block, or a new one; a new allocation of it, poisoned.
         self._drain()
         size = _round_size(nbytes)
         i = bisect.bisect_left(self._free, (size, -1))
@@ -289,23 +344,31 @@ class FakePool:
             block = Block(self, size)
             self._blocks.append(block)
             self._by_id[block.id] = block
+            if self._on_new_block is not None:
+                self._on_new_block(block)
         block.gen += 1
-        tenant = block.new_storage()
-        block.tenant = weakref.ref(tenant)
-        fin = weakref.finalize(tenant, self._on_release, block, block.gen)
-        fin.atexit = False
-        _fill_poison(block.storage, block.size, dtype)
-        return block, tenant
+        pattern = self._poison.get(dtype)
+        if pattern is None or len(pattern) < block.size:
+            pattern = self._poison[dtype] = _poison_bytes(dtype, block.size)
+        block.fill(pattern)
+        return block
 
-    def _on_release(self, block: Block, gen: int) -> None:
-        self._released.append((block, gen))
+    def _lease(self, block: Block, tenant: torch.UntypedStorage) -> None:
+        # The tenant storage holds its pool (the storage's Python object lives exactly as long
+        # as the storage, torch preserves it), so a live tenant keeps the pool alive; the lease
+        # is a weak reference whose callback queues it here when the tenant dies.
+        tenant.fakes_pool = self  # type: ignore[attr-defined]
+        lease = _Lease(tenant, self._released.append)
+        lease.block = block
+        block.tenant = lease
 
     def _drain(self) -> None:
+        # A block is leased again only after this returned it, so a queued lease is always
+        # its block's current one.
         while self._released:
-            block, gen = self._released.popleft()
-            if block.gen == gen and block.tenant_storage() is None:
-                block.tenant = None
-                bisect.insort(self._free, (block.size, block.id))
+            block = self._released.popleft().block
+            block.tenant = None
+            bisect.insort(self._free, (block.size, block.id))
 
     # -- introspection ------------------------------------------------------------------------
 

@@ -8,7 +8,6 @@ older than the 2.11 the project requires.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -58,9 +57,14 @@ def remove_dispatch_mode(mode: Any) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def no_python_dispatch() -> Iterator[None]:
+def no_python_dispatch() -> contextlib.AbstractContextManager[None]:
     """Run the fake's own bookkeeping ops (views, fills, copies) below every dispatch mode and
     tensor subclass, so neither the recorder nor a user's mode ever sees them."""
-    with torch._C._DisableTorchDispatch():
-        yield
+    # torch's own guard object, not a generator: the recorder enters one for every op.
+    return torch._C._DisableTorchDispatch()
+
+
+def op_kernel(func: Any) -> Any:
+    """The callable ``func`` (an ``OpOverload``) forwards to: ``OpOverload.__call__`` is a
+    Python frame around it, which replay, calling every recorded op, skips."""
+    return getattr(func, "_op", func)

@@ -18,7 +18,9 @@ Replay, in order:
    is not ordered after raises ``StreamRace`` before anything runs;
 4. runs the recorded ops in capture order on views of that memory, below every dispatch mode
    and under ``torch.inference_mode()`` (a graph launch is one opaque call, not aten ops);
-   functional ops compute and copy into their recorded output memory;
+   a functional op writes its recorded output memory through its ``out=`` overload, or
+   computes and copies into it where it has none (:class:`Launch`, built at the first
+   replay); views of pool memory are built once, views of memory held weakly every replay;
 5. records its writes as each written block's last writer, for the pool checks and, with the
    replay stream, for stream order.
 
@@ -28,7 +30,7 @@ stream.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -46,7 +48,7 @@ from spec.protocol import GraphState
 from ._allocator import Block, FakePool, MemRef, WeakMemory, WriteStamp, describe_memory
 from ._compat import no_python_dispatch
 from ._mode import Recorder
-from ._ops import ReadRecord, RecordedOp, Slot, fill_slots, flatten_tensors
+from ._ops import ReadRecord, RecordedOp, Slot, fill_slots, flatten_tensors, op_facts
 from ._roles import CaptureRef, DeviceRef, OrderRef, StreamRef
 
 __all__ = ["FakeCUDAGraph", "program_records"]
@@ -67,31 +69,38 @@ class Program:
         written: set[Block] = set()
         entry: list[tuple[ReadRecord, RecordedOp]] = []
         final: dict[Block, WriteStamp] = {}
-        for op in self.ops:
-            for index in (*(r.ref for r in op.reads), *op.writes):
-                weak = self.refs[index].weak
-                if weak is not None:
-                    first_touch.setdefault(weak, op.name)
+        refs = self.refs
+        read_refs: set[int] = set()
+        write_refs: set[int] = set()
+        for op in self.ops:  # each op's reads, then its writes, as it ran
             for read in op.reads:
-                block = self.refs[read.ref].block
+                ref = refs[read.ref]
+                read_refs.add(read.ref)
+                if ref.weak is not None and ref.weak not in first_touch:
+                    first_touch[ref.weak] = op.name
                 # A read after this graph's own write of the block always finds that write.
-                if block is not None and block not in written:
+                if ref.block is not None and ref.block not in written:
                     entry.append((read, op))
             for index, stamp in zip(op.writes, op.stamps, strict=True):
-                block = self.refs[index].block
-                if block is not None:
-                    written.add(block)
+                ref = refs[index]
+                write_refs.add(index)
+                if ref.weak is not None and ref.weak not in first_touch:
+                    first_touch[ref.weak] = op.name
+                if ref.block is not None:
+                    written.add(ref.block)
                 if stamp is not None:
-                    assert block is not None
-                    final[block] = stamp
+                    assert ref.block is not None
+                    final[ref.block] = stamp
         self.weak = tuple(first_touch.items())
-        read_refs = {r.ref for op in self.ops for r in op.reads}
-        write_refs = {index for op in self.ops for index in op.writes}
-        self._read_refs = tuple(sorted(read_refs - write_refs))
-        self._write_refs = tuple(sorted(write_refs))
+        self._read_memory = self._memory_keys(sorted(read_refs - write_refs))
+        self._write_memory = self._memory_keys(sorted(write_refs))
         self.entry_reads = tuple(entry)
         self.final_writes = tuple(final.items())
         self._views: list[torch.Tensor | None] | None = None
+        self._launches: tuple[Launch, ...] | None = None  # built at the first replay
+        # Views of memory held weakly are built for every replay, from what check() resolved.
+        self._weak_refs = tuple((i, ref.weak, ref) for i, ref in enumerate(self.refs)
+                                if ref.weak is not None)
 
     def _own_views(self) -> list[torch.Tensor | None]:
         # Own-pool memory never moves while the graph lives: build those views once.
@@ -128,17 +137,23 @@ class Program:
                 )
         return alive
 
+    def _memory_keys(self, indices: list[int]) -> tuple[Block | WeakMemory, ...]:
+        # What stream order keys each reference's memory by (its block; outside pools, the
+        # handle that resolves to its storage at replay), each memory once, in the order of
+        # its first reference: references sharing a memory share its last writer and readers.
+        keys = (self.refs[i].block or self.refs[i].weak for i in indices)
+        return tuple(dict.fromkeys(keys))  # type: ignore[arg-type]
+
     def memories(
         self, alive: dict[WeakMemory, torch.UntypedStorage]
     ) -> tuple[list[object], list[object]]:
         """The memory (pool blocks and storages, as stream order keys it) a replay reads
-        without writing, and the memory it writes; ``alive`` comes from :meth:`check`."""
-
-        def memory(index: int) -> object:
-            ref = self.refs[index]
-            return ref.block if ref.block is not None else alive[ref.weak]  # type: ignore[index]
-
-        return ([memory(i) for i in self._read_refs], [memory(i) for i in self._write_refs])
+        without writing, and the memory it writes, each memory once per list; ``alive``
+        comes from :meth:`check`."""
+        return (
+            [alive.get(m, m) for m in self._read_memory],  # type: ignore[call-overload]
+            [alive.get(m, m) for m in self._write_memory],  # type: ignore[call-overload]
+        )
 
     def replay(self, stream: StreamRef, order: OrderRef, op: str) -> None:
         """Replay on ``stream``: every hazard check before anything runs (freed memory and
@@ -155,20 +170,16 @@ class Program:
         """Run the recorded ops (after :meth:`check`, whose result ``alive`` is)."""
         if alive is None:
             alive = self.check()
+        if self._launches is None:
+            self._launches = tuple(Launch(op) for op in self.ops)
         done = 0
         try:
             with no_python_dispatch(), torch.inference_mode():
                 views = list(self._own_views())
-                for i, ref in enumerate(self.refs):
-                    if ref.weak is not None:
-                        views[i] = ref.view(alive[ref.weak])
-                for op in self.ops:
-                    kwargs = {k: fill_slots(v, views) for k, v in op.kwargs.items()}
-                    result = op.func(*fill_slots(op.args, views), **kwargs)
-                    if op.outputs:
-                        for slot, value in zip(op.outputs, flatten_tensors(result), strict=True):
-                            if slot is not None and value is not None:
-                                views[slot].copy_(value)
+                for i, weak, ref in self._weak_refs:
+                    views[i] = ref.view(alive[weak])
+                for launch in self._launches:
+                    launch.run(views)
                     done += 1
         finally:
             if done == len(self.ops):
@@ -179,6 +190,61 @@ class Program:
                     for index, stamp in zip(op.writes, op.stamps, strict=True):
                         if stamp is not None:
                             self.refs[index].block.last_write = stamp  # type: ignore[union-attr]
+
+
+class Launch:
+    """How replay runs one recorded op on a table of views (one per memory reference).
+
+    A functional op with one fresh result and an ``out=`` overload (:func:`~fakes._ops.
+    out_overload`) is launched through that overload, writing its recorded output memory
+    directly; any other op is called as recorded and its fresh results are copied into their
+    recorded memory. Either way the memory ends holding what the op computes, with the same
+    kernel. Tensor operands at the top level of the positional arguments are filled in by
+    position; an op with tensors inside lists or keyword arguments fills its whole call."""
+
+    __slots__ = ("_args", "_fills", "_kernel", "_kwargs", "_nested", "_out", "_outputs", "run")
+
+    def __init__(self, op: RecordedOp) -> None:
+        self._args = list(op.args)
+        self._fills = op.fills or ()
+        self._nested = op.fills is None
+        self._kwargs = op.kwargs
+        self._outputs = op.outputs
+        facts = op_facts(op.func)
+        self._kernel = facts.kernel
+        found = facts.out if len(op.outputs) == 1 else None
+        self._out = None if found is None else (*found, op.outputs[0])
+        self.run = self._run_out if self._out is not None and not self._nested else self._run
+
+    def _call_args(self, views: list[torch.Tensor]) -> tuple[list[Any], dict[str, Any]]:
+        if self._nested:
+            return list(fill_slots(tuple(self._args), views)), {
+                k: fill_slots(v, views) for k, v in self._kwargs.items()
+            }
+        args = self._args.copy()
+        for i, index in self._fills:
+            args[i] = views[index]
+        return args, self._kwargs
+
+    def _run_out(self, views: list[torch.Tensor]) -> None:
+        kernel, name, slot = self._out  # type: ignore[misc]
+        args = self._args.copy()
+        for i, index in self._fills:
+            args[i] = views[index]
+        if self._kwargs:
+            kernel(*args, **self._kwargs, **{name: views[slot]})
+        elif name == "out":  # nearly every out= overload: no dict to build
+            kernel(*args, out=views[slot])
+        else:
+            kernel(*args, **{name: views[slot]})
+
+    def _run(self, views: list[torch.Tensor]) -> None:
+        args, kwargs = self._call_args(views)
+        result = self._kernel(*args, **kwargs)
+        if self._outputs:
+            for slot, value in zip(self._outputs, flatten_tensors(result), strict=True):
+                if slot is not None and value is not None:
+                    views[slot].copy_(value)
 
 
 class FakeCUDAGraph:

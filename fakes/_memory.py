@@ -19,7 +19,8 @@ class MemoryTable:
     """The pools of one device and their blocks by start address (one owner: only this table
     writes them). Streams, graphs, the recorder and scratch tracking ask it where a tensor's
     memory lies (:meth:`locate`, :meth:`memory_of`); pools are made here (:meth:`new_pool`)
-    and every block a pool hands out is registered here (:meth:`register_block`)."""
+    and every block a pool makes is registered here when it is made (:meth:`register_block`,
+    the pool's ``on_new_block``)."""
 
     def __init__(self, device_id: int) -> None:
         self.device_id = device_id
@@ -29,7 +30,7 @@ class MemoryTable:
 
     def new_pool(self, owner: str) -> FakePool:
         """A new pool of this device; ``owner`` names it in messages."""
-        pool = FakePool(self.device_id, owner)
+        pool = FakePool(self.device_id, owner, on_new_block=self.register_block)
         self._pools.add(pool)
         return pool
 
@@ -38,7 +39,7 @@ class MemoryTable:
         return list(self._pools)
 
     def register_block(self, block: Block) -> None:
-        """Make ``block`` (just handed out by one of this device's pools) known by address."""
+        """Make ``block`` (just made by one of this device's pools) known by address."""
         start = block.data_ptr
         if self._blocks.get(start) is block:
             return
@@ -64,6 +65,14 @@ class MemoryTable:
             i -= 1  # a dead block's start; a live block that begins below it may hold address
         return None
 
+    def block_of(self, storage: torch.UntypedStorage) -> Block | None:
+        """The block whose tenant storage, or whose pool's own storage, ``storage`` is (what a
+        tensor on it lies in whatever its geometry: the block, from its start); else ``None``."""
+        block = self._blocks.get(storage.data_ptr())
+        if block is not None and (block.tenant_storage() is storage or block.storage is storage):
+            return block
+        return None
+
     def locate(self, tensor: torch.Tensor) -> tuple[Block, int] | None:
         """The pool block ``tensor``'s memory lies in, and the element offset of its storage's
         start from the block's start; ``None`` for memory outside every block of the device.
@@ -75,10 +84,10 @@ class MemoryTable:
         start is not a whole number of elements from the block's start, or that reaches past
         the block's end, stays memory of its own."""
         storage = tensor.untyped_storage()
-        address = storage.data_ptr()
-        block = self._blocks.get(address)
-        if block is not None and (block.tenant_storage() is storage or block.storage is storage):
+        block = self.block_of(storage)
+        if block is not None:
             return block, 0
+        address = storage.data_ptr()
         block = self.block_at(address)
         if block is None:
             return None

@@ -14,6 +14,8 @@ __all__ = ["MetaCache", "MetaCacheInfo"]
 _SCALARS = (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.layout,
             torch.memory_format)
 
+_SCALAR_TYPES = frozenset(_SCALARS)
+
 _ENTRIES: dict[Any, Any] = {}
 """Process-wide on purpose: meta kernels are pure functions of the op and the operands'
 geometry, so one table serves every device and capture; it holds meta tensors only, no device
@@ -30,12 +32,23 @@ def _signature(value: Any) -> Any:
     """Hashable description of an operand; scalars keep their type (``x + 2`` and ``x + 2.0``
     promote differently)."""
     if isinstance(value, torch.Tensor):
-        return (torch.Tensor, tuple(value.shape), value.stride(), value.dtype)
+        return (value.shape, value.stride(), value.dtype)
     if type(value) in (list, tuple):
-        return (type(value), tuple(_signature(v) for v in value))
-    if isinstance(value, _SCALARS):
+        return (type(value), tuple([_signature(v) for v in value]))
+    if type(value) in _SCALAR_TYPES or isinstance(value, _SCALARS):
         return (type(value), value)
     raise _Uncacheable
+
+
+def _signatures(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    # The positional operands' signatures: _signature of each, tensors inline (most operands).
+    out = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            out.append((value.shape, value.stride(), value.dtype))
+        else:
+            out.append(_signature(value))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -72,7 +85,8 @@ class MetaCache:
         """The cached result of ``func`` on operands like ``args``/``kwargs``, or ``compute()``
         (then cached)."""
         try:
-            key = (func, _signature(args), _signature(tuple(sorted(kwargs.items()))))
+            key = (func, _signatures(args),
+                   _signature(tuple(sorted(kwargs.items()))) if kwargs else ())
         except _Uncacheable:
             return compute()
         hit = _ENTRIES.get(key)

@@ -24,6 +24,8 @@ offset, shape, stride, dtype), never to the Python tensors of the call.
 
 from __future__ import annotations
 
+import functools
+import weakref
 from typing import Any
 
 import torch
@@ -46,22 +48,31 @@ from ._frames import issuing_frame
 from ._ops import (
     NO_MEMORY_TOUCHED,
     OVERWRITE_SELF,
+    READ_ONLY,
     OpInfo,
     ReadRecord,
     RecordedOp,
+    Role,
     Slot,
     classify_op,
     flatten_tensors,
-    handler_for,
+    op_facts,
 )
 from ._roles import CaptureRef, DeviceRef
 
 __all__ = ["Recorder", "RecordingMode", "StreamOrderMode", "accesses"]
 
 _META = torch.device("meta")
+_STRIDED = torch.strided
 
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
+
+
+@functools.cache
+def _subclass_dispatch(types: tuple[type, ...]) -> bool:
+    # Whether any of a call's tensor types has its own __torch_dispatch__ (cached per tuple).
+    return any(_has_own_dispatch(t) for t in types)
 
 
 def _has_own_dispatch(cls: type) -> bool:
@@ -87,13 +98,33 @@ def _iter_tensors(values: Any) -> Any:
 
 def _on_cpu(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     for t in _iter_tensors(args):
-        if t.device.type != "cpu":
+        if not t.is_cpu:
             return False
+    if not kwargs:
+        return True
     for t in _iter_tensors(kwargs.values()):
-        if t.device.type != "cpu":
+        if not t.is_cpu:
             return False
     device = kwargs.get("device")
     return device is None or torch.device(device).type == "cpu"
+
+
+Geometry = tuple[int, torch.dtype, int, tuple[int, ...], tuple[int, ...]]
+"""What allocating a tensor like another needs: storage bytes, dtype, storage offset, shape,
+stride."""
+
+
+def _geometry(t: torch.Tensor) -> Geometry:
+    return (storage_bytes(t), t.dtype, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+
+
+def _geometries(out: Any) -> dict[int, Geometry]:
+    # Per tensor of an inferred result, by id (the result is cached with it, so ids are stable).
+    return {id(t): _geometry(t) for t in flatten_tensors(out) if t is not None}
+
+
+def _holds_slot(values: Any) -> bool:
+    return any(type(v) is Slot or (type(v) in (list, tuple) and _holds_slot(v)) for v in values)
 
 
 def _to_meta(value: Any) -> Any:
@@ -135,16 +166,19 @@ class Recorder:
         self._ref_index: dict[MemRef, int] = {}
         self._weak: dict[int, WeakMemory] = {}
         self._weak_blocks: dict[tuple[int, int], WeakMemory] = {}
+        self._storages: dict[
+            int, tuple[weakref.ref[torch.UntypedStorage], Block | None]
+        ] = {}
         self.constants: list[torch.Tensor] = []
         # (block, previous last_write) for every capture-time write, undone if the capture aborts
         self.undo: list[tuple[Block, WriteStamp | None]] = []
 
     # -- memory references --------------------------------------------------------------------
 
-    def _weak_memory(self, storage: torch.UntypedStorage, label: str) -> WeakMemory:
+    def _weak_memory(self, storage: torch.UntypedStorage) -> WeakMemory:
         known = self._weak.get(id(storage))
         if known is None or known.resolve() is not storage:
-            known = WeakMemory(storage, label)
+            known = WeakMemory(storage, external_label(storage))
             self._weak[id(storage)] = known
         return known
 
@@ -163,22 +197,54 @@ class Recorder:
         outside every pool weakly by its storage."""
         pool = self.capture.pool
         assert pool is not None
-        located = self.device.memory.locate(t)
-        if located is None:
-            storage = t.untyped_storage()
-            block = None
-            gen = 0
+        storage = t.untyped_storage()
+        known = self._storages.get(id(storage))
+        if known is None or known[0]() is not storage:
+            known = self._storage_memory(storage)
+        if known is not None:
+            block = known[1]
+            if block is None:
+                gen = 0
+                weak: WeakMemory | None = self._weak_memory(storage)
+            else:
+                gen = block.gen
+                weak = None if block.pool_id == pool.id else self._weak_block(block)
             offset = t.storage_offset()
-            weak: WeakMemory | None = self._weak_memory(storage, external_label(storage))
         else:
-            block, start = located
-            gen = block.gen
-            offset = start + t.storage_offset()
-            # Memory of another pool is not this graph's to keep: held weakly, like external.
-            weak = None if block.pool_id == pool.id else self._weak_block(block)
-        ref = MemRef(block, gen, weak, offset, tuple(t.shape), tuple(t.stride()), t.dtype)
-        index = self._ref_index.get(ref)
+            located = self.device.memory.locate(t)
+            if located is None:
+                block = None
+                gen = 0
+                offset = t.storage_offset()
+                weak = self._weak_memory(storage)
+            else:
+                block, start = located
+                gen = block.gen
+                offset = start + t.storage_offset()
+                # Memory of another pool is not this graph's to keep: held weakly, like external.
+                weak = None if block.pool_id == pool.id else self._weak_block(block)
+        return self._index((block, gen, weak, offset, tuple(t.shape), t.stride(), t.dtype))
+
+    def _storage_memory(
+        self, storage: torch.UntypedStorage
+    ) -> tuple[weakref.ref[torch.UntypedStorage], Block | None] | None:
+        # Where a storage's memory lies when no tensor's geometry changes the answer, cached by
+        # the storage's id while it lives: a block's tenant or own storage (that block, from its
+        # start), or memory no block holds (None). A raw-pointer alias inside a block is located
+        # tensor by tensor (its offset and extent decide), so it is not cached.
+        memory = self.device.memory
+        block = memory.block_of(storage)
+        if block is None and memory.block_at(storage.data_ptr()) is not None:
+            return None
+        known = self._storages[id(storage)] = (weakref.ref(storage), block)
+        return known
+
+    def _index(self, fields: tuple[Any, ...]) -> int:
+        # ``fields`` are a MemRef's, as a plain tuple: it hashes and compares as the MemRef
+        # does, so a known reference is found without building one.
+        index = self._ref_index.get(fields)  # type: ignore[call-overload]
         if index is None:
+            ref = MemRef._make(fields)
             index = len(self.refs)
             self.refs.append(ref)
             self._ref_index[ref] = index
@@ -187,15 +253,16 @@ class Recorder:
     def allocate_like(self, like: torch.Tensor) -> tuple[torch.Tensor, int]:
         """A poisoned tensor with ``like``'s geometry and dtype on fresh pool memory, and its
         memory-reference index."""
+        return self._allocate(_geometry(like))
+
+    def _allocate(self, geometry: Geometry) -> tuple[torch.Tensor, int]:
+        nbytes, dtype, offset, shape, stride = geometry
         pool = self.capture.pool
         assert pool is not None
-        block, tenant = pool.allocate(storage_bytes(like), like.dtype)
-        self.device.memory.register_block(block)
         with no_python_dispatch():
-            t = torch.empty(0, dtype=like.dtype).set_(
-                tenant, like.storage_offset(), like.shape, like.stride()
-            )
-        return t, self.memref(t)
+            block, t = pool.allocate_tensor(nbytes, dtype, offset, shape, stride)
+        # The capture's own fresh block: no look-up needed to know where ``t`` lies.
+        return t, self._index((block, block.gen, None, offset, shape, stride, dtype))
 
     # -- handler API --------------------------------------------------------------------------
 
@@ -226,9 +293,17 @@ class Recorder:
     def _infer(self, func: Any, args: Any, kwargs: dict[str, Any], info: OpInfo) -> Any:
         """The op's result computed on the meta device: output geometry, and the validation
         eager mode would do, through the device's :class:`~fakes._meta_cache.MetaCache`."""
-        return self.device.meta_cache.infer(
-            func, args, kwargs, lambda: self._infer_uncached(func, args, kwargs, info)
-        )
+        return self._infer_with_geometry(func, args, kwargs, info)[0]
+
+    def _infer_with_geometry(
+        self, func: Any, args: Any, kwargs: dict[str, Any], info: OpInfo
+    ) -> tuple[Any, dict[int, Geometry]]:
+        # The meta result and, cached with it, the geometry of each of its tensors.
+        def compute() -> tuple[Any, dict[int, Geometry]]:
+            out = self._infer_uncached(func, args, kwargs, info)
+            return out, _geometries(out)
+
+        return self.device.meta_cache.infer(func, args, kwargs, compute)
 
     def _infer_uncached(self, func: Any, args: Any, kwargs: dict[str, Any], info: OpInfo) -> Any:
         meta_args = _to_meta(args)
@@ -265,17 +340,24 @@ class Recorder:
         i = info.arg_names.index(name)
         return args[i] if i < len(args) else kwargs.get(name)
 
-    def _template(self, value: Any, name: str, reads: list[int], writes: list[int],
-                  info: OpInfo, func: Any) -> Any:
+    def _check_layouts(self, info: OpInfo, values: Any) -> None:
+        for t in _iter_tensors(values):
+            if t.layout is not _STRIDED or t.is_quantized:
+                self._fail_layout(info, t)
+
+    def _fail_layout(self, info: OpInfo, t: torch.Tensor) -> None:
+        self.fail_unsupported(info.name, f"operand with layout {t.layout}, {t.dtype}")
+
+    def _template(self, value: Any, role: Role, reads: list[int], writes: list[int]) -> Any:
         if isinstance(value, torch.Tensor):
             index = self.memref(value)
-            if name in info.written:
+            if role[0]:
                 writes.append(index)
-            if name not in info.out_args and not (name == "self" and func in OVERWRITE_SELF):
+            if role[1]:
                 reads.append(index)
             return Slot(index)
         if type(value) in (list, tuple):
-            return type(value)(self._template(v, name, reads, writes, info, func) for v in value)
+            return type(value)([self._template(v, role, reads, writes) for v in value])
         return value
 
     def record(
@@ -283,19 +365,48 @@ class Recorder:
     ) -> Any:
         """Record ``func(*args, **kwargs)`` without running it; return what eager mode would
         return (the written arguments themselves, and poisoned fresh outputs)."""
-        info = classify_op(func) if info is None else info
-        for t in (*_iter_tensors(args), *_iter_tensors(kwargs.values())):
-            if t.layout != torch.strided or t.is_quantized:
-                self.fail_unsupported(info.name, f"operand with layout {t.layout}, {t.dtype}")
-        meta_out = self._infer(func, args, kwargs, info)
+        facts = op_facts(func)
+        info = facts.info if info is None else info
+        for v in args:
+            if isinstance(v, torch.Tensor):
+                if v.layout is not _STRIDED or v.is_quantized:
+                    self._fail_layout(info, v)
+            elif type(v) in (list, tuple):
+                self._check_layouts(info, v)
+        if kwargs:
+            self._check_layouts(info, kwargs.values())
+        meta_out, geometry = self._infer_with_geometry(func, args, kwargs, info)
         reads: list[int] = []
         writes: list[int] = []
-        names = info.arg_names
-        t_args = tuple(
-            self._template(v, names[i] if i < len(names) else "", reads, writes, info, func)
-            for i, v in enumerate(args)
-        )
-        t_kwargs = {k: self._template(v, k, reads, writes, info, func) for k, v in kwargs.items()}
+        positional, by_name = facts.positional, facts.by_name
+        n_named = len(positional)
+        t_list: list[Any] = []
+        fills: list[tuple[int, int]] | None = []
+        for i, v in enumerate(args):
+            role = positional[i] if i < n_named else READ_ONLY
+            if isinstance(v, torch.Tensor):
+                index = self.memref(v)
+                if role[0]:
+                    writes.append(index)
+                if role[1]:
+                    reads.append(index)
+                t_list.append(Slot(index))
+                if fills is not None:
+                    fills.append((i, index))
+            elif type(v) in (list, tuple):
+                filled = self._template(v, role, reads, writes)
+                t_list.append(filled)
+                if _holds_slot(filled):
+                    fills = None
+            else:
+                t_list.append(v)
+        t_args = tuple(t_list)
+        t_kwargs = {}
+        if kwargs:
+            t_kwargs = {k: self._template(v, by_name.get(k, READ_ONLY), reads, writes)
+                        for k, v in kwargs.items()}
+            if _holds_slot(t_kwargs.values()):
+                fills = None
 
         n_returns = len(info.return_aliases)
         returned = () if n_returns == 0 else ((meta_out,) if n_returns == 1 else tuple(meta_out))
@@ -306,7 +417,7 @@ class Recorder:
                 results.append(self._arg(alias, args, kwargs, info))
                 outputs.extend(None for _ in flatten_tensors(value))
             elif isinstance(value, torch.Tensor):
-                t, index = self.allocate_like(value)
+                t, index = self._allocate(geometry[id(value)])
                 results.append(t)
                 outputs.append(index)
                 writes.append(index)
@@ -314,7 +425,7 @@ class Recorder:
                 items = []
                 for v in value:
                     if isinstance(v, torch.Tensor):
-                        t, index = self.allocate_like(v)
+                        t, index = self._allocate(geometry[id(v)])
                         items.append(t)
                         outputs.append(index)
                         writes.append(index)
@@ -327,18 +438,19 @@ class Recorder:
 
         cap = self.capture
         op_index = len(self.ops)
+        refs = self.refs
         read_records = []
-        for index in dict.fromkeys(reads):
-            ref = self.refs[index]
+        for index in (dict.fromkeys(reads) if len(reads) > 1 else reads):
+            block = refs[index].block
             expected = None
-            if ref.block is not None:
-                last = ref.block.last_write
-                expected = last if last is not None and last.gen == ref.gen else None
+            if block is not None:
+                last = block.last_write
+                expected = last if last is not None and last.gen == refs[index].gen else None
             read_records.append(ReadRecord(index, expected))
-        write_list = tuple(dict.fromkeys(writes))
+        write_list = tuple(dict.fromkeys(writes)) if len(writes) > 1 else tuple(writes)
         stamps = []
         for index in write_list:
-            ref = self.refs[index]
+            ref = refs[index]
             if ref.block is None:
                 stamps.append(None)
                 continue
@@ -350,16 +462,17 @@ class Recorder:
             stamps.append(stamp)
         self.ops.append(
             RecordedOp(
-                index=op_index,
-                func=func,
-                name=info.name,
-                args=t_args,
-                kwargs=t_kwargs,
-                outputs=tuple(outputs) if any(o is not None for o in outputs) else (),
-                reads=tuple(read_records),
-                writes=write_list,
-                stamps=tuple(stamps),
-                frame=issuing_frame() if self.device.frames_recorded else None,
+                op_index,
+                func,
+                info.name,
+                t_args,
+                t_kwargs,
+                tuple(outputs) if any(o is not None for o in outputs) else (),
+                tuple(read_records),
+                write_list,
+                tuple(stamps),
+                issuing_frame() if self.device.frames_recorded else None,
+                None if fills is None else tuple(fills),
             )
         )
         if n_returns == 0:
@@ -419,14 +532,15 @@ class StreamOrderMode(TorchDispatchMode):
         self, func: Any, types: Any, args: Args = (), kwargs: Kwargs | None = None
     ) -> Any:
         kwargs = kwargs or {}
-        if any(_has_own_dispatch(t) for t in types):
+        if _subclass_dispatch(tuple(types)):
             return NotImplemented
         device = self.device
         stream = device.current_stream()
+        if stream.capture is not None:  # the recorder's (ORD-3); it passes views down here
+            return func(*args, **kwargs)
         info = classify_op(func)
         if (
-            stream.capture is not None
-            or info.kind == "view"
+            info.kind == "view"
             or func in NO_MEMORY_TOUCHED
             or not _on_cpu(args, kwargs)
         ):
@@ -483,10 +597,11 @@ class RecordingMode(TorchDispatchMode):
         cap = self.capture
         if cap.closed:
             return func(*args, **kwargs)
-        if any(_has_own_dispatch(t) for t in types):
+        if _subclass_dispatch(tuple(types)):
             return NotImplemented
         stream = self.device.current_stream()
-        info = classify_op(func)
+        facts = op_facts(func)
+        info = facts.info
         if stream.capture is not cap:
             # Issued on a stream outside the capture: CUDA runs it eagerly.
             if info.kind == "sync":
@@ -499,9 +614,8 @@ class RecordingMode(TorchDispatchMode):
         if not _on_cpu(args, kwargs):
             # The fake's memory is host memory: it cannot record, or replay, another device's.
             recorder.fail_unsupported(info.name, "an operand or output on a non-CPU device")
-        handler = handler_for(func)
-        if handler is not None:
-            out = handler(recorder, func, args, kwargs)
+        if facts.handler is not None:
+            out = facts.handler(recorder, func, args, kwargs)
             if out is not NotImplemented:
                 return out
         kind = info.kind

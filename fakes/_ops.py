@@ -14,9 +14,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
+
+from ._compat import op_kernel
 
 if TYPE_CHECKING:
     from ._allocator import WriteStamp
@@ -118,6 +120,27 @@ def classify_op(func: torch._ops.OpOverload) -> OpInfo:
     )
 
 
+Role = tuple[bool, bool]
+"""How an op uses one operand: (written, read)."""
+
+READ_ONLY: Role = (False, True)
+"""The role of an operand the schema does not name."""
+
+
+@functools.cache
+def operand_roles(func: torch._ops.OpOverload) -> tuple[tuple[Role, ...], dict[str, Role]]:
+    """Per schema argument, positionally and by name: whether ``func`` writes it (the schema's
+    ``Tensor(a!)``) and whether it reads it (every operand but ``out=`` arguments and the
+    target of an :data:`OVERWRITE_SELF` op); cached per overload."""
+    info = classify_op(func)
+    overwrite = func in OVERWRITE_SELF
+    roles = tuple(
+        (name in info.written, name not in info.out_args and not (name == "self" and overwrite))
+        for name in info.arg_names
+    )
+    return roles, dict(zip(info.arg_names, roles, strict=True))
+
+
 # ---------------------------------------------------------------------------------------------
 # Special-case registry
 # ---------------------------------------------------------------------------------------------
@@ -154,6 +177,7 @@ def register_op_handler(selector: OpSelector) -> Callable[[Handler], Handler]:
                 raise ValueError(f"predicate {selector!r} already has a handler")
             _PREDICATE_HANDLERS.append((selector, handler))
             handler_for.cache_clear()
+            _FACTS.clear()
             return handler
         else:
             ops = list(selector)
@@ -165,6 +189,7 @@ def register_op_handler(selector: OpSelector) -> Callable[[Handler], Handler]:
         for op in ops:
             _HANDLERS[op] = handler
         handler_for.cache_clear()
+        _FACTS.clear()
         return handler
 
     return deco
@@ -180,6 +205,38 @@ def handler_for(func: torch._ops.OpOverload) -> Handler | None:
         if pred(func):
             return handler
     return None
+
+
+class OpFacts(NamedTuple):
+    """Everything the recorder and replay ask about one overload, in one look-up: its
+    :func:`classify_op`, :func:`handler_for` and :func:`operand_roles`, the callable replay
+    calls it through (:func:`~fakes._compat.op_kernel`) and that of its :func:`out_overload`
+    with the out argument's name (``None`` without one)."""
+
+    func: torch._ops.OpOverload
+    info: OpInfo
+    handler: Handler | None
+    positional: tuple[Role, ...]
+    by_name: dict[str, Role]
+    kernel: Any
+    out: tuple[Any, str] | None
+
+
+_FACTS: dict[int, OpFacts] = {}
+"""By ``id(func)``: an ``OpOverload``'s hash is a Python-level call, an ``int``'s is not. The
+entry holds its overload, so the id stays that overload's for as long as the entry lives."""
+
+
+def op_facts(func: torch._ops.OpOverload) -> OpFacts:
+    """The :class:`OpFacts` of ``func`` (cleared whenever a handler is registered)."""
+    facts = _FACTS.get(id(func))
+    if facts is None or facts.func is not func:
+        found = out_overload(func)
+        facts = _FACTS[id(func)] = OpFacts(
+            func, classify_op(func), handler_for(func), *operand_roles(func), op_kernel(func),
+            None if found is None else (op_kernel(found[0]), found[1]),
+        )
+    return facts
 
 
 def aten_ops(*names: str) -> list[torch._ops.OpOverload]:
@@ -212,8 +269,7 @@ class Slot:
         return f"Slot({self.index})"
 
 
-@dataclass(frozen=True, slots=True)
-class ReadRecord:
+class ReadRecord(NamedTuple):
     """A read of pool memory made at capture: the reference, and the write it expects to find
     (``None`` when no graph had written that allocation yet: its content comes from outside
     graphs)."""
@@ -222,9 +278,10 @@ class ReadRecord:
     expected: WriteStamp | None
 
 
-@dataclass(frozen=True, slots=True)
-class RecordedOp:
+class RecordedOp(NamedTuple):
     """One recorded kernel.
+
+    Immutable (a named tuple: one is made per recorded kernel, faster than a dataclass).
 
     ``args``/``kwargs`` hold the call with every tensor replaced by a :class:`Slot`; the slots
     index the graph's :class:`~fakes._allocator.MemRef` table, so the op refers to memory, not
@@ -244,9 +301,40 @@ class RecordedOp:
     stamps: tuple[WriteStamp | None, ...]
     frame: str | None = None
     """``"file:line"`` that issued the op, when the device records frames."""
+    fills: tuple[tuple[int, int], ...] | None = None
+    """(position, slot) of each tensor among the top-level positional arguments, when those
+    are all the op's tensors (``None`` when lists or keyword arguments hold some)."""
 
     def __repr__(self) -> str:
         return f"<recorded op {self.index}: {self.name}>"
+
+
+def _plain_args(schema: Any) -> list[tuple[str, str, bool, str]]:
+    return [(a.name, str(a.type), a.kwarg_only, repr(a.default_value))
+            for a in schema.arguments if not _is_out(a)]
+
+
+@functools.cache
+def out_overload(func: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, str] | None:
+    """The ``out=`` overload of ``func`` (a functional op with one fresh tensor result) and the
+    name of its out argument: the overload of the same packet with exactly ``func``'s other
+    arguments (names, types, keyword-only flags, defaults) and one out argument. ``None``
+    where there is none or more than one (``_to_copy.out`` drops ``dtype``: not the same
+    call), so replay computes the result and copies it instead."""
+    schema = func._schema
+    if len(schema.returns) != 1 or schema.returns[0].alias_info is not None:
+        return None
+    if not _is_tensor_type(schema.returns[0].type) or any(_is_out(a) for a in schema.arguments):
+        return None
+    packet = func.overloadpacket
+    wanted = _plain_args(schema)
+    found = []
+    for name in packet.overloads():
+        other = getattr(packet, name)
+        outs = [a for a in other._schema.arguments if _is_out(a)]
+        if len(outs) == 1 and _plain_args(other._schema) == wanted:
+            found.append((other, outs[0].name))
+    return found[0] if len(found) == 1 else None
 
 
 def fill_slots(value: Any, views: list[torch.Tensor]) -> Any:

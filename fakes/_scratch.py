@@ -83,7 +83,6 @@ class FakeCaptureScratch:
                 # What the results reach of the storage, not all of it (a slice of a workspace).
                 nbytes = extents[storage.data_ptr()]
                 block, tenant = pool.allocate(nbytes, value.dtype)
-                self._device.memory.register_block(block)
                 with no_python_dispatch():
                     dest = torch.empty(0, dtype=torch.uint8).set_(tenant, 0, (nbytes,))
                     dest.copy_(torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,)))

@@ -3,6 +3,7 @@
 ``python -m tests.bench.make_report [DIR]`` (default ``reports``; ``nox -s bench`` runs it) reads
 what the benchmarks wrote there (``bench_runners.json``, ``breakable_overhead.json``,
 ``break_copies.json``, ``bench_registry_cuda.json``, ``bench_capture.json``, ``bench_fake.json``,
+``bench_fake_speed.json``,
 ``nox_cpu.json``, ``bench_transformers.json``, ``bench_sanitizer.json``, ``bench_tp.json``,
 ``bench_overlap.json``), and
 writes ``DIR/bench.md``: one table per benchmark with its target, the measured figure and whether
@@ -146,12 +147,26 @@ def _capture(data: dict[str, Any]) -> list[str]:
             *ladder]
 
 
-def _fake(data: dict[str, Any] | None, nox_cpu: dict[str, Any] | None) -> list[str]:
+def _fake(data: dict[str, Any] | None, nox_cpu: dict[str, Any] | None,
+          speed: dict[str, Any] | None = None) -> list[str]:
     out = ["## 6. The fake (simulator figures, not GPU figures)", ""]
     if data:
         out += [f"Host {data['host']} ({data['cpus']} CPUs), torch {data['torch']}: "
                 f"{data['recorded_ops']} recorded ops; capture {data['capture_ops_per_s']:.0f} "
                 f"ops/s, replay {data['replay_ops_per_s']:.0f} ops/s.", ""]
+    if speed:
+        targeted = speed.get("targeted", list(speed["ratios"]))
+        rows = [[metric.removesuffix("_ops_per_s").replace("_", " "),
+                 f"{speed['base']['median'][metric]:,.0f}",
+                 f"{speed['new']['median'][metric]:,.0f}", f"{ratio:.2f}x",
+                 f">= {speed['target']}x" if metric in targeted else "reported",
+                 _verdict(ratio >= speed["target"]) if metric in targeted else ""]
+                for metric, ratio in speed["ratios"].items()]
+        out += [f"Against the base commit's fake ({speed['base_commit'][:7]}), same run, "
+                f"subprocesses alternating ({speed['rounds']} rounds of {speed['runs_per_round']}"
+                f" captures), host {speed['host']} ({speed['cpus']} CPUs), torch "
+                f"{speed['torch']}, {speed['date'][:10]}: ops/s, medians.", "",
+                *_table(["metric", "base", "this", "ratio", "target", "verdict"], rows)]
     if nox_cpu:
         minutes = nox_cpu["seconds"] / 60
         what = nox_cpu.get("what", "`nox -s cpu`")
@@ -382,6 +397,7 @@ def make_report(folder: Path) -> Path:
     registry = _load(folder, "bench_registry_cuda.json")
     capture = _load(folder, "bench_capture.json")
     fake, nox_cpu = _load(folder, "bench_fake.json"), _load(folder, "nox_cpu.json")
+    fake_speed = _load(folder, "bench_fake_speed.json")
     transformers = _load(folder, "bench_transformers.json")
     sanitizer = _load(folder, "bench_sanitizer.json")
     tensor_parallel = _load(folder, "bench_tp.json")
@@ -402,8 +418,8 @@ def make_report(folder: Path) -> Path:
         lines += _end_to_end(runners)
     if capture:
         lines += _capture(capture)
-    if fake or nox_cpu:
-        lines += _fake(fake, nox_cpu)
+    if fake or nox_cpu or fake_speed:
+        lines += _fake(fake, nox_cpu, fake_speed)
     if transformers:
         lines += _transformers(transformers)
     if sanitizer:

@@ -151,3 +151,23 @@ def test_capture_and_piecewise_sections_mark_their_targets(tmp_path: Path) -> No
     assert "| pass | 600 | 1.67 |" in row_of("| 128 | 1 |")  # 1.02x the piecewise peer
     assert "| **short** |" in row_of("| 8192 | 1 |")  # 1.11x
     assert row_of("| 1 | 100 | 200 |")
+
+
+def test_fake_speed_table_marks_the_targeted_metrics(tmp_path: Path) -> None:
+    def side(capture: float, first: float, replay: float) -> dict:
+        return {"median": {"capture_ops_per_s": capture, "first_replay_ops_per_s": first,
+                           "replay_ops_per_s": replay}}
+
+    _write(tmp_path, "bench_fake_speed.json", {
+        "host": "x86_64", "cpus": 2, "torch": "2.13.0", "date": "2026-11-27T07:00:00+00:00",
+        "base_commit": "f4cade4" + "0" * 33, "rounds": 3, "runs_per_round": 20,
+        "base": side(20000.0, 100000.0, 150000.0), "new": side(41000.0, 110000.0, 210000.0),
+        "ratios": {"capture_ops_per_s": 2.05, "first_replay_ops_per_s": 1.1,
+                   "replay_ops_per_s": 1.4},
+        "target": 2.0, "targeted": ["capture_ops_per_s", "replay_ops_per_s"]})
+    lines = make_report(tmp_path).read_text().splitlines()
+    assert "## 6. The fake (simulator figures, not GPU figures)" in lines
+    rows = {line.split(" | ")[0]: line for line in lines if line.startswith("| ")}
+    assert "| 2.05x | >= 2.0x | pass |" in rows["| capture"], rows
+    assert "| 1.40x | >= 2.0x | **short** |" in rows["| replay"], rows
+    assert rows["| first replay"].endswith("| 1.10x | reported |  |"), rows
