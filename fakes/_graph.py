@@ -19,8 +19,8 @@ Replay, in order:
 4. runs the recorded ops in capture order on views of that memory, below every dispatch mode
    and under ``torch.inference_mode()`` (a graph launch is one opaque call, not aten ops);
    a functional op writes its recorded output memory through its ``out=`` overload, or
-   computes and copies into it where it has none (:class:`Launch`, built at the first
-   replay); views of pool memory are built once, views of memory held weakly every replay;
+   computes and copies into it where it has none (:func:`launch`); views of pool memory are
+   built once, views of memory held weakly for every replay;
 5. records its writes as each written block's last writer, for the pool checks and, with the
    replay stream, for stream order.
 
@@ -48,7 +48,7 @@ from spec.protocol import GraphState
 from ._allocator import Block, FakePool, MemRef, WeakMemory, WriteStamp, describe_memory
 from ._compat import no_python_dispatch
 from ._mode import Recorder
-from ._ops import ReadRecord, RecordedOp, Slot, fill_slots, flatten_tensors, op_facts
+from ._ops import ReadRecord, RecordedOp, Slot, fill_slots, flatten_tensors
 from ._roles import CaptureRef, DeviceRef, OrderRef, StreamRef
 
 __all__ = ["FakeCUDAGraph", "program_records"]
@@ -97,18 +97,29 @@ class Program:
         self.entry_reads = tuple(entry)
         self.final_writes = tuple(final.items())
         self._views: list[torch.Tensor | None] | None = None
-        self._launches: tuple[Launch, ...] | None = None  # built at the first replay
         # Views of memory held weakly are built for every replay, from what check() resolved.
         self._weak_refs = tuple((i, ref.weak, ref) for i, ref in enumerate(self.refs)
                                 if ref.weak is not None)
 
     def _own_views(self) -> list[torch.Tensor | None]:
-        # Own-pool memory never moves while the graph lives: build those views once.
+        # Own-pool memory never moves while the graph lives: build those views once, each a
+        # strided view of one flat tensor per block and dtype (cheaper than a tensor per view
+        # set onto the block's storage). Call under no_python_dispatch.
         if self._views is None:
-            self._views = [
-                ref.view(ref.block.storage) if ref.weak is None and ref.block is not None else None
-                for ref in self.refs
-            ]
+            flats: dict[tuple[Block, torch.dtype], torch.Tensor] = {}
+            views: list[torch.Tensor | None] = []
+            for ref in self.refs:
+                block = ref.block
+                if ref.weak is not None or block is None:
+                    views.append(None)
+                    continue
+                flat = flats.get((block, ref.dtype))
+                if flat is None:
+                    flat = flats[(block, ref.dtype)] = torch.empty(0, dtype=ref.dtype).set_(
+                        block.storage, 0, (block.size // ref.dtype.itemsize,)
+                    )
+                views.append(flat.as_strided(ref.shape, ref.stride, ref.offset))
+            self._views = views
         return self._views
 
     def check(self) -> dict[WeakMemory, torch.UntypedStorage]:
@@ -170,16 +181,14 @@ class Program:
         """Run the recorded ops (after :meth:`check`, whose result ``alive`` is)."""
         if alive is None:
             alive = self.check()
-        if self._launches is None:
-            self._launches = tuple(Launch(op) for op in self.ops)
         done = 0
         try:
             with no_python_dispatch(), torch.inference_mode():
                 views = list(self._own_views())
                 for i, weak, ref in self._weak_refs:
                     views[i] = ref.view(alive[weak])
-                for launch in self._launches:
-                    launch.run(views)
+                for op in self.ops:
+                    launch(op, views)
                     done += 1
         finally:
             if done == len(self.ops):
@@ -192,59 +201,39 @@ class Program:
                             self.refs[index].block.last_write = stamp  # type: ignore[union-attr]
 
 
-class Launch:
-    """How replay runs one recorded op on a table of views (one per memory reference).
+def launch(op: RecordedOp, views: list[torch.Tensor]) -> None:
+    """Run ``op`` on replay's table of views (one per memory reference).
 
-    A functional op with one fresh result and an ``out=`` overload (:func:`~fakes._ops.
-    out_overload`) is launched through that overload, writing its recorded output memory
-    directly; any other op is called as recorded and its fresh results are copied into their
-    recorded memory. Either way the memory ends holding what the op computes, with the same
-    kernel. Tensor operands at the top level of the positional arguments are filled in by
-    position; an op with tensors inside lists or keyword arguments fills its whole call."""
-
-    __slots__ = ("_args", "_fills", "_kernel", "_kwargs", "_nested", "_out", "_outputs", "run")
-
-    def __init__(self, op: RecordedOp) -> None:
-        self._args = list(op.args)
-        self._fills = op.fills or ()
-        self._nested = op.fills is None
-        self._kwargs = op.kwargs
-        self._outputs = op.outputs
-        facts = op_facts(op.func)
-        self._kernel = facts.kernel
-        found = facts.out if len(op.outputs) == 1 else None
-        self._out = None if found is None else (*found, op.outputs[0])
-        self.run = self._run_out if self._out is not None and not self._nested else self._run
-
-    def _call_args(self, views: list[torch.Tensor]) -> tuple[list[Any], dict[str, Any]]:
-        if self._nested:
-            return list(fill_slots(tuple(self._args), views)), {
-                k: fill_slots(v, views) for k, v in self._kwargs.items()
-            }
-        args = self._args.copy()
-        for i, index in self._fills:
+    A functional op with one fresh result and an ``out=`` overload (``op.out``) is launched
+    through that overload, writing its recorded output memory directly; any other op is called
+    as recorded (``op.kernel``) and its fresh results are copied into their recorded memory.
+    Either way the memory ends holding what the op computes, with the same kernel. Tensor
+    operands at the top level of the positional arguments are filled in by position
+    (``op.fills``); an op with tensors inside lists or keyword arguments fills its whole call."""
+    fills = op.fills
+    if fills is None:
+        args: Any = fill_slots(op.args, views)
+        kwargs = {k: fill_slots(v, views) for k, v in op.kwargs.items()}
+    else:
+        args = list(op.args)
+        for i, index in fills:
             args[i] = views[index]
-        return args, self._kwargs
-
-    def _run_out(self, views: list[torch.Tensor]) -> None:
-        kernel, name, slot = self._out  # type: ignore[misc]
-        args = self._args.copy()
-        for i, index in self._fills:
-            args[i] = views[index]
-        if self._kwargs:
-            kernel(*args, **self._kwargs, **{name: views[slot]})
-        elif name == "out":  # nearly every out= overload: no dict to build
-            kernel(*args, out=views[slot])
-        else:
-            kernel(*args, **{name: views[slot]})
-
-    def _run(self, views: list[torch.Tensor]) -> None:
-        args, kwargs = self._call_args(views)
-        result = self._kernel(*args, **kwargs)
-        if self._outputs:
-            for slot, value in zip(self._outputs, flatten_tensors(result), strict=True):
-                if slot is not None and value is not None:
-                    views[slot].copy_(value)
+        kwargs = op.kwargs
+        out = op.out
+        if out is not None:
+            kernel, name, slot = out
+            if kwargs:
+                kernel(*args, **kwargs, **{name: views[slot]})
+            elif name == "out":  # nearly every out= overload: no dict to build
+                kernel(*args, out=views[slot])
+            else:
+                kernel(*args, **{name: views[slot]})
+            return
+    result = op.kernel(*args, **kwargs)
+    if op.outputs:
+        for slot, value in zip(op.outputs, flatten_tensors(result), strict=True):
+            if slot is not None and value is not None:
+                views[slot].copy_(value)
 
 
 class FakeCUDAGraph:

@@ -43,7 +43,7 @@ from ._allocator import (
     external_label,
     storage_bytes,
 )
-from ._compat import no_python_dispatch
+from ._compat import dispatch_mode_stack, no_python_dispatch
 from ._frames import issuing_frame
 from ._ops import (
     NO_MEMORY_TOUCHED,
@@ -473,6 +473,9 @@ class Recorder:
                 tuple(stamps),
                 issuing_frame() if self.device.frames_recorded else None,
                 None if fills is None else tuple(fills),
+                facts.kernel,
+                None if facts.out is None or fills is None or len(outputs) != 1
+                or outputs[0] is None else (*facts.out, outputs[0]),
             )
         )
         if n_returns == 0:
@@ -589,6 +592,11 @@ class RecordingMode(TorchDispatchMode):
         super().__init__()
         self.device = device
         self.capture = capture
+        # Whether every mode below this one is a StreamOrderMode (which passes ops on a
+        # capturing stream through): then a view runs below all modes, without dispatching
+        # through them again. Worked out at the first view (inside __torch_dispatch__ the stack
+        # is the modes below, which stay put while the capture records).
+        self._views_bypass: bool | None = None
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: Args = (), kwargs: Kwargs | None = None
@@ -620,6 +628,13 @@ class RecordingMode(TorchDispatchMode):
                 return out
         kind = info.kind
         if kind == "view":
+            if self._views_bypass is None:
+                self._views_bypass = all(
+                    type(mode) is StreamOrderMode for mode in dispatch_mode_stack()
+                )
+            if self._views_bypass:
+                with no_python_dispatch():
+                    return func(*args, **kwargs)
             return func(*args, **kwargs)
         if kind == "sync":
             recorder.fail_sync(f"{info.name} ({info.reason})")

@@ -304,6 +304,11 @@ class RecordedOp(NamedTuple):
     fills: tuple[tuple[int, int], ...] | None = None
     """(position, slot) of each tensor among the top-level positional arguments, when those
     are all the op's tensors (``None`` when lists or keyword arguments hold some)."""
+    kernel: Any = None
+    """The callable replay calls the op through (:attr:`OpFacts.kernel`)."""
+    out: tuple[Any, str, int] | None = None
+    """For a functional op with one fresh result and an ``out=`` overload, when ``fills`` is
+    set: that overload's callable, its out argument's name, and the result's slot."""
 
     def __repr__(self) -> str:
         return f"<recorded op {self.index}: {self.name}>"
