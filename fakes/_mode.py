@@ -244,7 +244,7 @@ class Recorder:
         # does, so a known reference is found without building one.
         index = self._ref_index.get(fields)  # type: ignore[call-overload]
         if index is None:
-            ref = MemRef._make(fields)
+            ref = MemRef(*fields)
             index = len(self.refs)
             self.refs.append(ref)
             self._ref_index[ref] = index
