@@ -36,6 +36,7 @@ from ._compat import no_python_dispatch
 __all__ = ["FakePool", "is_poisoned", "poison_value", "storage_bytes"]
 
 _ROUND = 512  # CUDA's kMinBlockSize: the unit of block sizes
+_PATTERN_MAX = 1 << 20  # a pool's poison pattern per dtype; larger blocks repeat it
 _ALIGN = 64  # torch's CPU allocator alignment; kernels see the same alignment as in eager mode
 
 _block_ids = itertools.count(1)
@@ -156,12 +157,14 @@ class Block:
         return torch.frombuffer(self._mem, dtype=dtype, offset=self._offset, count=count)
 
     def fill(self, pattern: bytes) -> None:
-        """Overwrite the whole block with the first :attr:`size` bytes of ``pattern`` (at least
-        that long: a shorter slice assignment would shrink the memory)."""
-        if len(pattern) < self.size:
-            raise ValueError(f"{len(pattern)} bytes of pattern for a block of {self.size}")
-        start = self._offset
-        self._mem[start:start + self.size] = memoryview(pattern)[:self.size]
+        """Overwrite the whole block with ``pattern`` repeated (its length a multiple of 512
+        bytes, so that element boundaries line up from one copy to the next)."""
+        if not pattern or len(pattern) % _ROUND:
+            raise ValueError(f"a pattern of {len(pattern)} bytes does not tile a block")
+        view, step, start = memoryview(pattern), len(pattern), self._offset
+        for at in range(0, self.size, step):
+            n = min(step, self.size - at)
+            self._mem[start + at:start + at + n] = view[:n]
 
     @property
     def data_ptr(self) -> int:
@@ -301,9 +304,8 @@ class FakePool:
         # append here (the deque's own append, no Python code), and the pool folds the queue
         # into its free list at safe points.
         self._released: deque[_Lease] = deque()
-        # Per dtype, poison bytes at least as long as the largest block poisoned for it: fresh
-        # memory is poisoned by one byte copy (blocks start 64-byte aligned, so element
-        # boundaries line up with the pattern's).
+        # Per dtype, poison bytes as long as the largest block poisoned for it (up to
+        # _PATTERN_MAX, repeated over larger blocks): fresh memory is poisoned by byte copies.
         self._poison: dict[torch.dtype, bytes] = {}
 
     # -- allocation ---------------------------------------------------------------------------
@@ -348,8 +350,9 @@ class FakePool:
                 self._on_new_block(block)
         block.gen += 1
         pattern = self._poison.get(dtype)
-        if pattern is None or len(pattern) < block.size:
-            pattern = self._poison[dtype] = _poison_bytes(dtype, block.size)
+        wanted = min(block.size, _PATTERN_MAX)
+        if pattern is None or len(pattern) < wanted:
+            pattern = self._poison[dtype] = _poison_bytes(dtype, wanted)
         block.fill(pattern)
         return block
 

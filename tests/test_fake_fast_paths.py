@@ -119,3 +119,16 @@ def test_a_pool_lives_while_a_tenant_lives(device: fakes.FakeDevice) -> None:
     gc.collect()
     assert len(device.memory.pools()) == pools_before - 1
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bfloat16])
+def test_a_block_larger_than_the_pattern_is_poisoned_whole(
+    device: fakes.FakeDevice, dtype: torch.dtype
+) -> None:
+    pool = device.memory.new_pool("test")
+    nbytes = (3 << 20) + 1536  # the 1 MiB pattern three times, and a part of it
+    block, tenant = pool.allocate(nbytes, dtype)
+    assert block.size == nbytes
+    whole = torch.empty(0, dtype=dtype).set_(tenant, 0, (nbytes // dtype.itemsize,))
+    assert fakes.is_poisoned(whole)
+    del whole, tenant
