@@ -222,12 +222,7 @@ def launch(op: RecordedOp, views: list[torch.Tensor]) -> None:
         out = op.out
         if out is not None:
             kernel, name, slot = out
-            if kwargs:
-                kernel(*args, **kwargs, **{name: views[slot]})
-            elif name == "out":  # nearly every out= overload: no dict to build
-                kernel(*args, out=views[slot])
-            else:
-                kernel(*args, **{name: views[slot]})
+            kernel(*args, **kwargs, **{name: views[slot]})
             return
     result = op.kernel(*args, **kwargs)
     if op.outputs:

@@ -106,6 +106,33 @@ def test_poison_values() -> None:
         fakes.poison_value("float32")  # type: ignore[arg-type]
 
 
+@pytest.mark.clause("FAKE-2", "FAKE-3")
+def test_fresh_outputs_have_eager_geometry_on_a_storage_spanning_their_block(
+    device: fakes.FakeDevice,
+) -> None:
+    """A fresh output is poisoned memory with the geometry eager mode gives it (a clone of a
+    transposed tensor keeps its strides), on a storage that spans its block exactly, as does
+    the storage replays write through."""
+    x = torch.arange(96, dtype=torch.float32).view(8, 12)
+    graph = device.CUDAGraph()
+    with device.graph(graph):
+        y = x.t().clone()
+        z = x * 2
+    eager = x.t().clone()
+    assert (y.shape, y.stride(), y.storage_offset()) == (
+        eager.shape, eager.stride(), eager.storage_offset()
+    )
+    assert fakes.is_poisoned(y)
+    for out in (y, z):
+        located = device.memory.locate(out)
+        assert located is not None and located[1] == 0
+        block = located[0]
+        assert out.untyped_storage().nbytes() == block.size == block.storage.nbytes() == 512
+    graph.replay()
+    assert torch.equal(y, eager) and torch.equal(z, x * 2)
+    del graph
+
+
 @pytest.mark.clause("FAKE-7", "FAKE-2")
 def test_host_reads_bypassing_the_dispatcher_read_poison(device: fakes.FakeDevice) -> None:
     x = torch.arange(3)
@@ -185,6 +212,26 @@ def test_cache_info_is_a_frozen_snapshot(device: fakes.FakeDevice) -> None:
     after = device.cache_info()
     assert (after.pools, after.blocks, after.live_blocks) == (
         before.pools, before.blocks, before.live_blocks), (before, after)
+
+
+@pytest.mark.clause("FAKE-6", "MEM-5")
+def test_a_live_output_keeps_its_pool(device: fakes.FakeDevice) -> None:
+    """Once its graph is gone, a capture output still holds its block, so its pool lives on
+    until the output dies too."""
+    before = settled_info(device)
+    x = torch.ones(3)
+    g = device.CUDAGraph()
+    with device.graph(g):
+        y = x + 1
+    del g
+    gc.collect()
+    during = device.cache_info()
+    assert (during.pools - before.pools, during.live_blocks - before.live_blocks) == (1, 1), (
+        before, during)
+    del y
+    gc.collect()
+    after = device.cache_info()
+    assert (after.pools, after.live_blocks) == (before.pools, before.live_blocks), (before, after)
 
 
 @pytest.mark.clause("MEM-9", "MEM-2")

@@ -253,6 +253,26 @@ def test_replay_after_an_external_input_died_raises(backend, device) -> None:
     assert torch.equal(y, _full(device, (4,), -7.0)), f"replay wrote y before raising: {y.cpu()}"
 
 
+@pytest.mark.strict
+@pytest.mark.clause("MEM-3")
+@pytest.mark.capability("hazard_errors", "aten_op_names")
+def test_freed_memory_first_written_is_named_by_that_write(device) -> None:
+    """The op a FreedMemoryAccess names is the graph's first touch of the memory, even when
+    that touch writes it without reading it (an ``out=`` argument)."""
+    a = torch.ones(4, device=device.device)
+    x = torch.zeros(4, device=device.device)
+    g = device.CUDAGraph()
+    with device.graph(g):
+        torch.add(a, 1, out=x)
+        y = x * 2
+    del x
+    gc.collect()
+    with pytest.raises(FreedMemoryAccess) as info:
+        g.replay()
+    assert info.value.op == "aten::add.out", f"op field: {info.value.op!r}"
+    del y
+
+
 @pytest.mark.clause("MEM-6", "MEM-3")
 @pytest.mark.capability("hazard_errors")
 def test_other_pools_memory_is_held_weakly(device) -> None:
