@@ -47,6 +47,10 @@ _ADDED_SINCE: frozenset[str] = frozenset({
     "test_a_write_after_read_race_names_the_reader_and_runs_nothing",
     "test_filling_a_graphs_input_while_its_replay_may_run_races",
     "test_reads_on_the_writing_stream_or_ordered_before_never_race",
+    # the fake's fast paths (issue 26, item 6)
+    "test_freed_memory_first_written_is_named_by_that_write",
+    "test_a_live_output_keeps_its_pool",
+    "test_fresh_outputs_have_eager_geometry_on_a_storage_spanning_their_block",
 })
 """Tests written after the move, in the moved files (they never had an old id)."""
 
