@@ -157,10 +157,8 @@ class Block:
         return torch.frombuffer(self._mem, dtype=dtype, offset=self._offset, count=count)
 
     def fill(self, pattern: bytes) -> None:
-        """Overwrite the whole block with ``pattern`` repeated (its length a multiple of 512
-        bytes, so that element boundaries line up from one copy to the next)."""
-        if not pattern or len(pattern) % _ROUND:
-            raise ValueError(f"a pattern of {len(pattern)} bytes does not tile a block")
+        """Overwrite the whole block with ``pattern`` repeated (its length a positive multiple
+        of 512 bytes, so that element boundaries line up from one copy to the next)."""
         view, step, start = memoryview(pattern), len(pattern), self._offset
         for at in range(0, self.size, step):
             n = min(step, self.size - at)

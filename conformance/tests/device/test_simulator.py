@@ -130,7 +130,12 @@ def test_fresh_outputs_have_eager_geometry_on_a_storage_spanning_their_block(
         assert out.untyped_storage().nbytes() == block.size == block.storage.nbytes() == 512
     graph.replay()
     assert torch.equal(y, eager) and torch.equal(z, x * 2)
-    del graph
+    # Past the fake's 1 MiB poison pattern, to a block's last, partial repeat of it.
+    big = torch.ones((1 << 18) + 160, dtype=torch.int32)
+    with device.graph(graph := device.CUDAGraph()):
+        fresh = big + 1
+    assert fresh.untyped_storage().nbytes() == (1 << 20) + 1024 and fakes.is_poisoned(fresh)
+    del graph, fresh
 
 
 @pytest.mark.clause("FAKE-7", "FAKE-2")
