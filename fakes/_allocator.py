@@ -163,6 +163,10 @@ class Block:
         for at in range(0, self.size, step):
             n = min(step, self.size - at)
             self._mem[start + at:start + at + n] = view[:n]
+        # A slice assignment of another length would have resized the bytearray, moving the
+        # memory every storage of the block points into.
+        if len(self._mem) != self.size + _ALIGN:
+            raise RuntimeError(f"poisoning {self.describe()} resized its memory")
 
     @property
     def data_ptr(self) -> int:
