@@ -12,10 +12,10 @@ re-use of the memory is told apart from a write to the same tensor.
 A *pool* owns its blocks for as long as it lives; graphs captured into a pool, pool tokens from
 ``graph_pool_handle()``, and live tenants keep it alive (a tenant storage holds its pool; the
 block holds the tenant only weakly, by its *lease*, whose callback queues the block for the
-free list). Fresh memory is poisoned by one byte copy of the pool's pattern for the dtype.
+free list). Fresh memory is poisoned by byte copies of the pool's pattern for the dtype.
 Nothing in here holds a strong reference back to a graph or to a device, so pools die by
-reference counting alone. A block knows its pool
-weakly: once the pool is gone its memory counts as released, whoever still holds the block.
+reference counting alone. A block knows its pool weakly: once the pool is gone its memory
+counts as released, whoever still holds the block.
 """
 
 from __future__ import annotations
@@ -88,8 +88,7 @@ def is_poisoned(tensor: torch.Tensor) -> bool:
 def _poison_bytes(dtype: torch.dtype, nbytes: int) -> bytes:
     """``nbytes`` bytes of :func:`poison_value` of ``dtype``, element after element."""
     with no_python_dispatch():
-        item = torch.empty((), dtype=dtype).element_size()
-        whole = torch.empty(nbytes // item, dtype=dtype)
+        whole = torch.empty(nbytes // dtype.itemsize, dtype=dtype)
         try:
             whole.fill_(poison_value(dtype))
         except (RuntimeError, NotImplementedError):  # dtypes without a CPU fill (float8, ...)
@@ -296,9 +295,9 @@ class FakePool:
         self, device_id: int, owner: str, on_new_block: Callable[[Block], None] | None = None
     ) -> None:
         self.id = next(_pool_ids)
-        self._on_new_block = on_new_block  # the device's memory table learns every block
         self.device_id = device_id
         self.owner = owner
+        self._on_new_block = on_new_block  # the device's memory table learns every block
         self._blocks: list[Block] = []
         self._free: list[tuple[int, int]] = []  # sorted (size, block id)
         self._by_id: dict[int, Block] = {}

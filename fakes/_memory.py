@@ -41,8 +41,6 @@ class MemoryTable:
     def register_block(self, block: Block) -> None:
         """Make ``block`` (just made by one of this device's pools) known by address."""
         start = block.data_ptr
-        if self._blocks.get(start) is block:
-            return
         self._blocks[start] = block
         starts = self._starts
         if len(starts) >= 2 * len(self._blocks) + 64:
@@ -65,13 +63,19 @@ class MemoryTable:
             i -= 1  # a dead block's start; a live block that begins below it may hold address
         return None
 
-    def block_of(self, storage: torch.UntypedStorage) -> Block | None:
-        """The block whose tenant storage, or whose pool's own storage, ``storage`` is (what a
-        tensor on it lies in whatever its geometry: the block, from its start); else ``None``."""
-        block = self._blocks.get(storage.data_ptr())
+    def storage_location(self, storage: torch.UntypedStorage) -> tuple[Block | None, bool]:
+        """Where tensors on ``storage`` lie, as far as the storage alone decides: ``(block,
+        True)`` for a block's tenant storage or the pool's own storage of the block (every
+        tensor on it is that block's, from the block's start), ``(None, True)`` for memory no
+        block holds, ``(block, False)`` for a raw-pointer alias starting inside ``block``
+        (whether a tensor on it is the block's depends on the tensor: :meth:`place`). The
+        answer holds for as long as ``storage`` lives."""
+        address = storage.data_ptr()
+        block = self._blocks.get(address)
         if block is not None and (block.tenant_storage() is storage or block.storage is storage):
-            return block
-        return None
+            return block, True
+        block = self.block_at(address)
+        return block, block is None
 
     def locate(self, tensor: torch.Tensor) -> tuple[Block, int] | None:
         """The pool block ``tensor``'s memory lies in, and the element offset of its storage's
@@ -83,15 +87,17 @@ class MemoryTable:
         built from a data pointer), which CUDA sees as the same memory. Such an alias whose
         start is not a whole number of elements from the block's start, or that reaches past
         the block's end, stays memory of its own."""
-        storage = tensor.untyped_storage()
-        block = self.block_of(storage)
-        if block is not None:
-            return block, 0
-        address = storage.data_ptr()
-        block = self.block_at(address)
-        if block is None:
-            return None
-        start = address - block.data_ptr
+        return self.place(tensor, *self.storage_location(tensor.untyped_storage()))
+
+    def place(
+        self, tensor: torch.Tensor, block: Block | None, whole: bool
+    ) -> tuple[Block, int] | None:
+        """:meth:`locate` for ``tensor``, given its storage's :meth:`storage_location` (which
+        a caller may have kept while the storage lives)."""
+        if whole:
+            return None if block is None else (block, 0)
+        assert block is not None
+        start = tensor.untyped_storage().data_ptr() - block.data_ptr
         elements, misaligned = divmod(start, tensor.element_size())
         if misaligned or start + storage_bytes(tensor) > block.size:
             return None

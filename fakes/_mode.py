@@ -167,7 +167,7 @@ class Recorder:
         self._weak: dict[int, WeakMemory] = {}
         self._weak_blocks: dict[tuple[int, int], WeakMemory] = {}
         self._storages: dict[
-            int, tuple[weakref.ref[torch.UntypedStorage], Block | None]
+            int, tuple[weakref.ref[torch.UntypedStorage], Block | None, bool]
         ] = {}
         self.constants: list[torch.Tensor] = []
         # (block, previous last_write) for every capture-time write, undone if the capture aborts
@@ -197,47 +197,27 @@ class Recorder:
         outside every pool weakly by its storage."""
         pool = self.capture.pool
         assert pool is not None
+        memory = self.device.memory
         storage = t.untyped_storage()
+        # Where the storage lies is fixed while it lives: asked once per storage and capture.
         known = self._storages.get(id(storage))
         if known is None or known[0]() is not storage:
-            known = self._storage_memory(storage)
-        if known is not None:
-            block = known[1]
-            if block is None:
-                gen = 0
-                weak: WeakMemory | None = self._weak_memory(storage)
-            else:
-                gen = block.gen
-                weak = None if block.pool_id == pool.id else self._weak_block(block)
+            known = self._storages[id(storage)] = (
+                weakref.ref(storage), *memory.storage_location(storage)
+            )
+        located = memory.place(t, known[1], known[2])
+        if located is None:
+            block = None
+            gen = 0
             offset = t.storage_offset()
+            weak: WeakMemory | None = self._weak_memory(storage)
         else:
-            located = self.device.memory.locate(t)
-            if located is None:
-                block = None
-                gen = 0
-                offset = t.storage_offset()
-                weak = self._weak_memory(storage)
-            else:
-                block, start = located
-                gen = block.gen
-                offset = start + t.storage_offset()
-                # Memory of another pool is not this graph's to keep: held weakly, like external.
-                weak = None if block.pool_id == pool.id else self._weak_block(block)
+            block, start = located
+            gen = block.gen
+            offset = start + t.storage_offset()
+            # Memory of another pool is not this graph's to keep: held weakly, like external.
+            weak = None if block.pool_id == pool.id else self._weak_block(block)
         return self._index((block, gen, weak, offset, tuple(t.shape), t.stride(), t.dtype))
-
-    def _storage_memory(
-        self, storage: torch.UntypedStorage
-    ) -> tuple[weakref.ref[torch.UntypedStorage], Block | None] | None:
-        # Where a storage's memory lies when no tensor's geometry changes the answer, cached by
-        # the storage's id while it lives: a block's tenant or own storage (that block, from its
-        # start), or memory no block holds (None). A raw-pointer alias inside a block is located
-        # tensor by tensor (its offset and extent decide), so it is not cached.
-        memory = self.device.memory
-        block = memory.block_of(storage)
-        if block is None and memory.block_at(storage.data_ptr()) is not None:
-            return None
-        known = self._storages[id(storage)] = (weakref.ref(storage), block)
-        return known
 
     def _index(self, fields: tuple[Any, ...]) -> int:
         # ``fields`` are a MemRef's, as a plain tuple: it hashes and compares as the MemRef
@@ -343,10 +323,7 @@ class Recorder:
     def _check_layouts(self, info: OpInfo, values: Any) -> None:
         for t in _iter_tensors(values):
             if t.layout is not _STRIDED or t.is_quantized:
-                self._fail_layout(info, t)
-
-    def _fail_layout(self, info: OpInfo, t: torch.Tensor) -> None:
-        self.fail_unsupported(info.name, f"operand with layout {t.layout}, {t.dtype}")
+                self.fail_unsupported(info.name, f"operand with layout {t.layout}, {t.dtype}")
 
     def _template(self, value: Any, role: Role, reads: list[int], writes: list[int]) -> Any:
         if isinstance(value, torch.Tensor):
@@ -367,12 +344,7 @@ class Recorder:
         return (the written arguments themselves, and poisoned fresh outputs)."""
         facts = op_facts(func)
         info = facts.info if info is None else info
-        for v in args:
-            if isinstance(v, torch.Tensor):
-                if v.layout is not _STRIDED or v.is_quantized:
-                    self._fail_layout(info, v)
-            elif type(v) in (list, tuple):
-                self._check_layouts(info, v)
+        self._check_layouts(info, args)
         if kwargs:
             self._check_layouts(info, kwargs.values())
         meta_out, geometry = self._infer_with_geometry(func, args, kwargs, info)
@@ -383,23 +355,13 @@ class Recorder:
         t_list: list[Any] = []
         fills: list[tuple[int, int]] | None = []
         for i, v in enumerate(args):
-            role = positional[i] if i < n_named else READ_ONLY
-            if isinstance(v, torch.Tensor):
-                index = self.memref(v)
-                if role[0]:
-                    writes.append(index)
-                if role[1]:
-                    reads.append(index)
-                t_list.append(Slot(index))
+            filled = self._template(v, positional[i] if i < n_named else READ_ONLY, reads, writes)
+            t_list.append(filled)
+            if type(filled) is Slot:
                 if fills is not None:
-                    fills.append((i, index))
-            elif type(v) in (list, tuple):
-                filled = self._template(v, role, reads, writes)
-                t_list.append(filled)
-                if _holds_slot(filled):
-                    fills = None
-            else:
-                t_list.append(v)
+                    fills.append((i, filled.index))
+            elif type(filled) in (list, tuple) and _holds_slot(filled):
+                fills = None
         t_args = tuple(t_list)
         t_kwargs = {}
         if kwargs:
@@ -460,6 +422,12 @@ class Recorder:
             self.undo.append((ref.block, ref.block.last_write))
             ref.block.last_write = stamp
             stamps.append(stamp)
+        # One fresh result, operands filled by position: replay can write it through the op's
+        # out= overload (its kernel and out argument, and the result's slot).
+        out = None
+        if (facts.out is not None and fills is not None and len(outputs) == 1
+                and outputs[0] is not None):
+            out = (*facts.out, outputs[0])
         self.ops.append(
             RecordedOp(
                 op_index,
@@ -474,8 +442,7 @@ class Recorder:
                 issuing_frame() if self.device.frames_recorded else None,
                 None if fills is None else tuple(fills),
                 facts.kernel,
-                None if facts.out is None or fills is None or len(outputs) != 1
-                or outputs[0] is None else (*facts.out, outputs[0]),
+                out,
             )
         )
         if n_returns == 0:

@@ -50,7 +50,8 @@ _ADDED_SINCE: frozenset[str] = frozenset({
     # the fake's fast paths (issue 26, item 6)
     "test_freed_memory_first_written_is_named_by_that_write",
     "test_a_live_output_keeps_its_pool",
-    "test_fresh_outputs_have_eager_geometry_on_a_storage_spanning_their_block",
+    "test_fresh_outputs_have_eager_geometry_and_are_poisoned",
+    "test_fresh_outputs_lie_on_a_storage_spanning_their_block",
 })
 """Tests written after the move, in the moved files (they never had an old id)."""
 
