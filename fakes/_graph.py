@@ -97,9 +97,16 @@ class Program:
         self.entry_reads = tuple(entry)
         self.final_writes = tuple(final.items())
         self._views: list[torch.Tensor | None] | None = None
-        # Views of memory held weakly are built for every replay, from what check() resolved.
-        self._weak_refs = tuple((i, ref.weak, ref) for i, ref in enumerate(self.refs)
-                                if ref.weak is not None)
+        # Views of memory held weakly are built for every replay, from what check() resolved:
+        # per memory and dtype, one flat tensor and a strided view of it per reference.
+        groups: dict[tuple[WeakMemory, torch.dtype], list[tuple[int, MemRef]]] = {}
+        for i, ref in enumerate(self.refs):
+            if ref.weak is not None:
+                groups.setdefault((ref.weak, ref.dtype), []).append((i, ref))
+        self._weak_groups = tuple(
+            (weak, dtype, tuple((i, ref.shape, ref.stride, ref.offset) for i, ref in members))
+            for (weak, dtype), members in groups.items()
+        )
 
     def _own_views(self) -> list[torch.Tensor | None]:
         # Own-pool memory never moves while the graph lives: build those views once, each a
@@ -115,9 +122,7 @@ class Program:
                     continue
                 flat = flats.get((block, ref.dtype))
                 if flat is None:
-                    flat = flats[(block, ref.dtype)] = torch.empty(0, dtype=ref.dtype).set_(
-                        block.storage, 0, (block.size // ref.dtype.itemsize,)
-                    )
+                    flat = flats[(block, ref.dtype)] = flat_view(block.storage, ref.dtype)
                 views.append(flat.as_strided(ref.shape, ref.stride, ref.offset))
             self._views = views
         return self._views
@@ -185,8 +190,10 @@ class Program:
         try:
             with no_python_dispatch(), torch.inference_mode():
                 views = list(self._own_views())
-                for i, weak, ref in self._weak_refs:
-                    views[i] = ref.view(alive[weak])
+                for weak, dtype, members in self._weak_groups:
+                    flat = flat_view(alive[weak], dtype)
+                    for i, shape, stride, offset in members:
+                        views[i] = flat.as_strided(shape, stride, offset)
                 for op in self.ops:
                     launch(op, views)
                     done += 1
@@ -201,6 +208,13 @@ class Program:
                             self.refs[index].block.last_write = stamp  # type: ignore[union-attr]
 
 
+def flat_view(storage: torch.UntypedStorage, dtype: torch.dtype) -> torch.Tensor:
+    """A 1-D ``dtype`` tensor over the whole of ``storage``: recorded geometries are strided
+    views of it (``as_strided`` checks each stays inside the storage). Call under
+    ``no_python_dispatch``."""
+    return torch.empty(0, dtype=dtype).set_(storage, 0, (storage.nbytes() // dtype.itemsize,))
+
+
 def launch(op: RecordedOp, views: list[torch.Tensor]) -> None:
     """Run ``op`` on replay's table of views (one per memory reference).
 
@@ -209,7 +223,8 @@ def launch(op: RecordedOp, views: list[torch.Tensor]) -> None:
     as recorded (``op.kernel``) and its fresh results are copied into their recorded memory.
     Either way the memory ends holding what the op computes, with the same kernel. Tensor
     operands at the top level of the positional arguments are filled in by position
-    (``op.fills``); an op with tensors inside lists or keyword arguments fills its whole call."""
+    (``op.fills``), and so are top-level lists of tensors only (``op.list_fills``); an op with
+    tensors elsewhere (keyword arguments, lists holding other values) fills its whole call."""
     fills = op.fills
     if fills is None:
         args: Any = fill_slots(op.args, views)
@@ -218,6 +233,8 @@ def launch(op: RecordedOp, views: list[torch.Tensor]) -> None:
         args = list(op.args)
         for i, index in fills:
             args[i] = views[index]
+        for i, kind, indices in op.list_fills:
+            args[i] = kind([views[j] for j in indices])
         kwargs = op.kwargs
         out = op.out
         if out is not None:

@@ -70,8 +70,10 @@ Kwargs = dict[str, Any]
 
 
 @functools.cache
+@functools.lru_cache(maxsize=256)
 def _subclass_dispatch(types: tuple[type, ...]) -> bool:
-    # Whether any of a call's tensor types has its own __torch_dispatch__ (cached per tuple).
+    # Whether any of a call's tensor types has its own __torch_dispatch__ (cached per tuple:
+    # asked on every op a mode sees, almost always for plain tensors).
     return any(_has_own_dispatch(t) for t in types)
 
 
@@ -97,9 +99,14 @@ def _iter_tensors(values: Any) -> Any:
 
 
 def _on_cpu(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    for t in _iter_tensors(args):
-        if not t.is_cpu:
-            return False
+    for v in args:  # _iter_tensors, inline: this runs on every op a capture sees
+        if isinstance(v, torch.Tensor):
+            if not v.is_cpu:
+                return False
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                if isinstance(x, torch.Tensor) and not x.is_cpu:
+                    return False
     if not kwargs:
         return True
     for t in _iter_tensors(kwargs.values()):
@@ -164,6 +171,7 @@ class Recorder:
         self.ops: list[RecordedOp] = []
         self.refs: list[MemRef] = []
         self._ref_index: dict[MemRef, int] = {}
+        self._slots: list[Slot] = []  # the placeholder of each reference (immutable: shared)
         self._weak: dict[int, WeakMemory] = {}
         self._weak_blocks: dict[tuple[int, int], WeakMemory] = {}
         self._storages: dict[
@@ -227,6 +235,7 @@ class Recorder:
             ref = MemRef(*fields)
             index = len(self.refs)
             self.refs.append(ref)
+            self._slots.append(Slot(index))
             self._ref_index[ref] = index
         return index
 
@@ -241,7 +250,10 @@ class Recorder:
         assert pool is not None
         with no_python_dispatch():
             block, t = pool.allocate_tensor(nbytes, dtype, offset, shape, stride)
-        # The capture's own fresh block: no look-up needed to know where ``t`` lies.
+        # The capture's own fresh block: no look-up needed to know where ``t`` lies, nor,
+        # when an op reads it later, where its storage does (the lease is a weak reference
+        # to that storage, as memref's own entries are).
+        self._storages[id(t.untyped_storage())] = (block.tenant, block, True)
         return t, self._index((block, block.gen, None, offset, shape, stride, dtype))
 
     # -- handler API --------------------------------------------------------------------------
@@ -332,7 +344,7 @@ class Recorder:
                 writes.append(index)
             if role[1]:
                 reads.append(index)
-            return Slot(index)
+            return self._slots[index]
         if type(value) in (list, tuple):
             return type(value)([self._template(v, role, reads, writes) for v in value])
         return value
@@ -354,6 +366,7 @@ class Recorder:
         n_named = len(positional)
         t_list: list[Any] = []
         fills: list[tuple[int, int]] | None = []
+        list_fills: list[tuple[int, type, tuple[int, ...]]] = []
         for i, v in enumerate(args):
             filled = self._template(v, positional[i] if i < n_named else READ_ONLY, reads, writes)
             t_list.append(filled)
@@ -361,7 +374,10 @@ class Recorder:
                 if fills is not None:
                     fills.append((i, filled.index))
             elif type(filled) in (list, tuple) and _holds_slot(filled):
-                fills = None
+                if all(type(x) is Slot for x in filled):  # a list of tensors (cat's, stack's)
+                    list_fills.append((i, type(filled), tuple(x.index for x in filled)))
+                else:
+                    fills = None
         t_args = tuple(t_list)
         t_kwargs = {}
         if kwargs:
@@ -435,7 +451,7 @@ class Recorder:
                 info.name,
                 t_args,
                 t_kwargs,
-                tuple(outputs) if any(o is not None for o in outputs) else (),
+                tuple(outputs) if outputs.count(None) != len(outputs) else (),
                 tuple(read_records),
                 write_list,
                 tuple(stamps),
@@ -443,6 +459,7 @@ class Recorder:
                 None if fills is None else tuple(fills),
                 facts.kernel,
                 out,
+                () if fills is None else tuple(list_fills),
             )
         )
         if n_returns == 0:

@@ -303,12 +303,16 @@ class RecordedOp(NamedTuple):
     """``"file:line"`` that issued the op, when the device records frames."""
     fills: tuple[tuple[int, int], ...] | None = None
     """(position, slot) of each tensor among the top-level positional arguments, when those
-    are all the op's tensors (``None`` when lists or keyword arguments hold some)."""
+    and the lists of :attr:`list_fills` hold all the op's tensors (``None`` when keyword
+    arguments, or lists holding other values too, hold some)."""
     kernel: Any = None
     """The callable replay calls the op through (:attr:`OpFacts.kernel`)."""
     out: tuple[Any, str, int] | None = None
     """For a functional op with one fresh result and an ``out=`` overload, when ``fills`` is
     set: that overload's callable, its out argument's name, and the result's slot."""
+    list_fills: tuple[tuple[int, type, tuple[int, ...]], ...] = ()
+    """With :attr:`fills`: (position, list or tuple, slots) of each top-level positional
+    argument that is a sequence of tensors only (``cat``'s), rebuilt from the slots' views."""
 
     def __repr__(self) -> str:
         return f"<recorded op {self.index}: {self.name}>"

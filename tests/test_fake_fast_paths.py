@@ -44,12 +44,16 @@ def _program(x: torch.Tensor, w: torch.Tensor, mask: torch.Tensor) -> list[torch
     y = x @ w  # out= overload, operands by position
     z = torch.softmax(y.masked_fill(mask, float("-inf")), dim=-1)  # scalar operands
     m = z.mean(dim=-1, keepdim=True)  # keyword-free, a list of dims
-    c = torch.cat([z, m], dim=-1)  # tensors inside a list: the whole call is filled
+    c = torch.cat([z, m], dim=-1)  # a list of tensors only: rebuilt from its slots, out=
+    g = c[:, torch.tensor([0, 2])]  # a list holding None and a tensor: the whole call filled
+    # Memory outside the pool read at an offset and as another dtype: views of one storage
+    # in two dtypes, rebuilt at every replay.
+    k = torch.bitwise_and(x.view(torch.int32)[1:], 7) + x[1:, :1].to(torch.int32)
     values, indices = c.max(dim=-1)  # two fresh results: computed, then copied
     h = c.to(torch.float64)  # no out= overload with the same arguments: copied
     s = torch.sum(c, dim=0, dtype=torch.float64)  # a keyword argument beside the out one
     f = torch.div(y, 0.25, rounding_mode="floor")  # a keyword argument that changes values
-    return [y, z, m, c, values, indices, h, s, f]
+    return [y, z, m, c, g, k, values, indices, h, s, f]
 
 
 def test_replay_computes_what_eager_computes_on_every_launch_path(
