@@ -272,10 +272,6 @@ class MemRef(NamedTuple):
     stride: tuple[int, ...]
     dtype: torch.dtype
 
-    def view(self, storage: torch.UntypedStorage) -> torch.Tensor:
-        """A tensor with this geometry on ``storage`` (call under ``no_python_dispatch``)."""
-        return torch.empty(0, dtype=self.dtype).set_(storage, self.offset, self.shape, self.stride)
-
 
 # ---------------------------------------------------------------------------------------------
 # Pools
