@@ -2,28 +2,29 @@
 
 Both fakes run the program of :mod:`tests.bench.test_bench_fake` (one decode step of a 2-layer
 decoder, a few hundred recorded ops on small tensors, so the time is the fake's own overhead)
-the way its ``test_bench_fake_ops_per_second`` does: per round a fresh graph, the capture timed,
-then its first replay timed (``first_replay``: what a graph replayed once costs, set-up
-included), then ``STEADY_REPLAYS`` more replays timed together (``replay``: the throughput of a
-graph replayed again and again, as runners do); a side's figure is recorded ops over the
-median of its rounds.
-Each side runs in its own subprocess, with the side's checkout first on ``sys.path`` (its
-``fakes`` and ``spec``; the program itself always comes from this checkout). Subprocesses
-alternate, base first then this checkout, for ``--rounds`` rounds: on a shared, noisy host both
-sides see the same load, and the medians over rounds (``--runs`` captures and replays per
-subprocess) are what is compared. The ratio is this checkout's figure over the base's; the
-target is 2.0 for capture and for (steady) replay (issue 26, item 6); the first replay is
-reported beside them.
+the way its ``test_bench_fake_ops_per_second`` does: a fresh graph, its capture timed, then its
+first replay timed (``first_replay``: what a graph replayed once costs, set-up included), then
+``STEADY_REPLAYS`` more replays timed together (``replay``: the throughput of a graph replayed
+again and again, as runners do).
+Each side runs in its own worker subprocess, alive for the whole comparison, with the side's
+checkout first on ``sys.path`` (its ``fakes`` and ``spec``; the program itself always comes
+from this checkout). The workers take turns, ``--runs`` fresh graphs a turn, for ``--rounds``
+rounds (the side going first alternating): turns of a few tens of milliseconds put both sides
+under the same load on a shared, noisy host, which whole subprocesses a side (seconds each) did
+not. A side's figure in a round is recorded ops over the median of the round's timings, and
+its figure overall the median over rounds. The ratio is this checkout's figure over the
+base's (``paired_ratios``: the median of the rounds' ratios, beside it); the target is 2.0 for
+capture and for (steady) replay (issue 26, item 6); the first replay is reported beside them.
 
 Rerun (from the repository root; the base is a ``git worktree`` of the base commit, made in a
 temporary folder and removed afterwards unless ``--base`` names an existing checkout)::
 
-    python -m tests.bench.fake_speed                       # base f4cade4, 7 rounds
-    python -m tests.bench.fake_speed --base /work/base-f4cade4 --rounds 9 --runs 30
+    python -m tests.bench.fake_speed                       # base f4cade4, 100 rounds of 3
+    python -m tests.bench.fake_speed --base /work/base-f4cade4 --rounds 200 --runs 3
     python -m tests.bench.fake_speed --out reports/bench_fake_speed.json
 
 It writes ``docs/bench/bench_fake_speed.json`` by default: host, cpus, torch, date, the commit
-ids, per side the per-subprocess figures and their medians, the ratios, the target and whether
+ids, per side the per-round figures and their medians, the ratios, the target and whether
 each metric meets it. ``tests/bench/test_bench_fake_speed.py`` runs it under ``nox -s bench``
 (and, under ``--benchmark-disable``, only a smoke run of the worker on this checkout's fake).
 """
@@ -51,78 +52,125 @@ TARGET = 2.0
 METRICS = ("capture_ops_per_s", "first_replay_ops_per_s", "replay_ops_per_s")
 TARGETED = ("capture_ops_per_s", "replay_ops_per_s")
 STEADY_REPLAYS = 3
+ROUNDS = 100
+RUNS = 3
 DEFAULT_OUT = ROOT / "docs" / "bench" / "bench_fake_speed.json"
 
 
-def measure(root: Path | str, runs: int, warmup: int = 3) -> dict[str, float]:
-    """Capture and first-replay figures of the fake of checkout ``root``, in this process.
+class _Program:
+    """The benchmark's program on the fake of checkout ``root`` (which must be the ``fakes``
+    this process imported: the worker puts ``root`` first on ``sys.path``)."""
 
-    ``root``'s ``fakes`` must be the one imported (the worker puts ``root`` first on
-    ``sys.path`` before importing anything). ``warmup`` untimed rounds run first."""
-    import torch
+    def __init__(self, root: Path | str) -> None:
+        import torch
 
-    import fakes
+        import fakes
 
-    from . import test_bench_fake as program
+        from . import test_bench_fake as program
 
-    found = Path(fakes.__file__).resolve().parents[1]
-    if found != Path(root).resolve():
-        raise RuntimeError(f"imported the fake of {found}, not of {root}")
-    device = fakes.FakeDevice()
-    model = program.make_decoder()
-    tokens = torch.tensor([3, 14, 159, 265])
-    positions = torch.tensor([0, 1, 2, 3])
-    capture_s: list[float] = []
-    first_s: list[float] = []
-    steady_s: list[float] = []
-    nodes = 0
-    for i in range(warmup + runs):
+        found = Path(fakes.__file__).resolve().parents[1]
+        if found != Path(root).resolve():
+            raise RuntimeError(f"imported the fake of {found}, not of {root}")
+        self._program = program
+        self._device = fakes.FakeDevice()
+        self._model = program.make_decoder()
+        self._tokens = torch.tensor([3, 14, 159, 265])
+        self._positions = torch.tensor([0, 1, 2, 3])
+        self.nodes = 0
+
+    def once(self) -> tuple[float, float, float]:
+        """One fresh graph: seconds to capture it, to replay it the first time, and per replay
+        over ``STEADY_REPLAYS`` more."""
+        device = self._device
         graph = device.CUDAGraph()
         start = time.perf_counter()
         with device.graph(graph):
-            program.decode_step(model, tokens, positions)
+            self._program.decode_step(self._model, self._tokens, self._positions)
         captured = time.perf_counter()
         graph.replay()
         replayed = time.perf_counter()
         for _ in range(STEADY_REPLAYS):
             graph.replay()
         steady = time.perf_counter()
-        nodes = device.graph_node_count(graph)
-        if i >= warmup:
-            capture_s.append(captured - start)
-            first_s.append(replayed - captured)
-            steady_s.append((steady - replayed) / STEADY_REPLAYS)
+        self.nodes = device.graph_node_count(graph)
+        return captured - start, replayed - captured, (steady - replayed) / STEADY_REPLAYS
+
+
+def _figures(nodes: int, times: list[tuple[float, float, float]]) -> dict[str, float]:
+    # ops/s over the median of each timing.
     return {
         "recorded_ops": nodes,
-        "capture_ops_per_s": nodes / statistics.median(capture_s),
-        "first_replay_ops_per_s": nodes / statistics.median(first_s),
-        "replay_ops_per_s": nodes / statistics.median(steady_s),
+        **{m: nodes / statistics.median(t[i] for t in times) for i, m in enumerate(METRICS)},
     }
 
 
-def _worker(root: str, runs: int) -> None:
-    # Runs as ``python -c`` in a subprocess whose sys.path starts with ``root`` (see _run_side).
-    print(json.dumps(measure(root, runs)))
+def measure(root: Path | str, runs: int, warmup: int = 3) -> dict[str, float]:
+    """Capture, first-replay and steady-replay figures (ops/s, medians of ``runs`` fresh
+    graphs after ``warmup`` untimed ones) of the fake of checkout ``root``, in this process."""
+    bench = _Program(root)
+    for _ in range(warmup):
+        bench.once()
+    times = [bench.once() for _ in range(runs)]
+    return _figures(bench.nodes, times)
 
 
-def _run_side(root: Path, runs: int) -> dict[str, float]:
-    """One subprocess measuring the fake of ``root``; the program module comes from ``ROOT``."""
-    code = (
-        "import sys; sys.path[:0] = [sys.argv[2], sys.argv[1]]; "
-        "from tests.bench.fake_speed import _worker; _worker(sys.argv[1], int(sys.argv[3]))"
-    )
-    # ``tests`` must resolve to this checkout's package: a shim folder holding only a link to it
-    # comes first on sys.path, before ``root`` (whose own ``tests`` would otherwise win).
-    with _tests_shim() as shim:
+def _serve(root: str) -> None:
+    # A side's worker (``python -c`` in a subprocess whose sys.path starts with ``root``, see
+    # _Worker): warms up, says so, then answers each line "N" on stdin with the figures of N
+    # fresh graphs on one line of stdout, until stdin closes.
+    bench = _Program(root)
+    for _ in range(3):
+        bench.once()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        times = [bench.once() for _ in range(int(line))]
+        print(json.dumps(_figures(bench.nodes, times)), flush=True)
+
+
+class _Worker:
+    """A subprocess measuring the fake of ``root`` on request (the program module comes from
+    ``ROOT``); one lives for the whole comparison, so a side costs no start-up per round."""
+
+    def __init__(self, root: Path, shim: Path) -> None:
+        code = (
+            "import sys; sys.path[:0] = [sys.argv[2], sys.argv[1]]; "
+            "from tests.bench.fake_speed import _serve; _serve(sys.argv[1])"
+        )
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
         env.pop("PYTHONPATH", None)
-        out = subprocess.run(
-            [sys.executable, "-c", code, str(root), str(shim), str(runs)],
-            cwd=tempfile.gettempdir(), env=env, capture_output=True, text=True,
+        self.root = root
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(root), str(shim)], cwd=tempfile.gettempdir(),
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
         )
-    if out.returncode:
-        raise RuntimeError(f"the worker for {root} failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def ready(self) -> None:
+        """Wait for the worker's warm-up (workers are started first, then waited for)."""
+        self._expect("ready")
+
+    def _expect(self, what: str | None = None) -> str:
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline().strip()
+        if not line or (what is not None and line != what):
+            self.close()
+            raise RuntimeError(f"the worker for {self.root} failed:\n{self._stderr()}")
+        return line
+
+    def _stderr(self) -> str:
+        assert self._proc.stderr is not None
+        return self._proc.stderr.read()
+
+    def run(self, runs: int) -> dict[str, float]:
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(f"{runs}\n")
+        self._proc.stdin.flush()
+        return json.loads(self._expect())
+
+    def close(self) -> None:
+        if self._proc.stdin is not None and not self._proc.stdin.closed:
+            self._proc.stdin.close()
+        self._proc.wait(timeout=60)
 
 
 @contextlib.contextmanager
@@ -161,25 +209,40 @@ def base_checkout(base: str | None, commit: str) -> Iterator[Path]:
 
 def compare(base: Path, rounds: int, runs: int, progress: bool = True,
             run_side: Callable[[Path, int], dict[str, float]] | None = None) -> dict[str, Any]:
-    """Alternate base and this checkout for ``rounds`` rounds (``run_side(root, runs)``
-    measures one side, by default in a subprocess); the report's figures."""
-    run_side = _run_side if run_side is None else run_side
-    sides: dict[str, list[dict[str, float]]] = {"base": [], "new": []}
-    for i in range(rounds):
-        for side, root in (("base", base), ("new", ROOT)):
-            result = run_side(root, runs)
-            sides[side].append(result)
-            if progress:
-                print(f"round {i + 1}/{rounds} {side}: capture "
-                      f"{result['capture_ops_per_s']:,.0f} ops/s, first replay "
-                      f"{result['first_replay_ops_per_s']:,.0f} ops/s, replay "
-                      f"{result['replay_ops_per_s']:,.0f} ops/s", flush=True)
+    """Alternate base and this checkout for ``rounds`` rounds of ``runs`` fresh graphs each
+    (``run_side(root, runs)`` measures one side; by default a worker subprocess per side,
+    alive for the whole comparison); the report's figures. The side that goes first
+    alternates from round to round."""
+    with contextlib.ExitStack() as stack:
+        if run_side is None:
+            shim = stack.enter_context(_tests_shim())
+            workers = {root: _Worker(root, shim) for root in (base, ROOT)}
+            for worker in workers.values():
+                stack.callback(worker.close)
+            for worker in workers.values():
+                worker.ready()
+            run_side = lambda root, n: workers[root].run(n)  # noqa: E731
+        sides: dict[str, list[dict[str, float]]] = {"base": [], "new": []}
+        order = [("base", base), ("new", ROOT)]
+        for i in range(rounds):
+            for side, root in order if i % 2 == 0 else order[::-1]:
+                result = run_side(root, runs)
+                sides[side].append(result)
+                if progress and (i + 1) % max(1, rounds // 10) == 0:
+                    print(f"round {i + 1}/{rounds} {side}: capture "
+                          f"{result['capture_ops_per_s']:,.0f} ops/s, first replay "
+                          f"{result['first_replay_ops_per_s']:,.0f} ops/s, replay "
+                          f"{result['replay_ops_per_s']:,.0f} ops/s", flush=True)
     medians = {side: {m: statistics.median(r[m] for r in runs_) for m in METRICS}
                for side, runs_ in sides.items()}
     ratios = {m: medians["new"][m] / medians["base"][m] for m in METRICS}
+    paired = {m: statistics.median(n[m] / b[m] for b, n in zip(sides["base"], sides["new"],
+                                                                strict=True))
+              for m in METRICS}
     return {
         "label": "simulator (CPU fake) figures, not GPU figures: this checkout's fake against "
-                 "the base commit's, same run, subprocesses alternating",
+                 "the base commit's, same run, one worker subprocess per side, rounds "
+                 "alternating",
         "host": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
@@ -195,6 +258,7 @@ def compare(base: Path, rounds: int, runs: int, progress: bool = True,
         "base": {"median": medians["base"], "per_round": sides["base"]},
         "new": {"median": medians["new"], "per_round": sides["new"]},
         "ratios": ratios,
+        "paired_ratios": paired,
         "target": TARGET,
         "meets_target": {m: ratios[m] >= TARGET for m in METRICS},
         "targeted": list(TARGETED),
@@ -213,9 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", help="a checkout of the base commit (default: a temporary "
                         "git worktree of --base-commit)")
     parser.add_argument("--base-commit", default=BASE_COMMIT)
-    parser.add_argument("--rounds", type=int, default=7, help="subprocesses per side")
-    parser.add_argument("--runs", type=int, default=20, help="captures and replays per "
-                        "subprocess")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds per side")
+    parser.add_argument("--runs", type=int, default=RUNS, help="fresh graphs (a capture and "
+                        "its replays) per side and round")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="the JSON report")
     args = parser.parse_args(argv)
     with base_checkout(args.base, args.base_commit) as base:
@@ -224,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     for m in METRICS:
         print(f"{m}: base {report['base']['median'][m]:,.0f}, new {report['new']['median'][m]:,.0f}"
-              f", ratio {report['ratios'][m]:.2f}" + (
+              f", ratio {report['ratios'][m]:.2f} (paired {report['paired_ratios'][m]:.2f})" + (
                   f" (target {TARGET}: {'meets' if report['meets_target'][m] else 'short'})"
                   if m in TARGETED else " (reported)"))
     print(f"written to {args.out}")
