@@ -162,11 +162,17 @@ def _fake(data: dict[str, Any] | None, nox_cpu: dict[str, Any] | None,
                  f">= {speed['target']}x" if metric in targeted else "reported",
                  _verdict(ratio >= speed["target"]) if metric in targeted else ""]
                 for metric, ratio in speed["ratios"].items()]
+        paired = speed.get("paired_ratios")
         out += [f"Against the base commit's fake ({speed['base_commit'][:7]}), same run, "
-                f"subprocesses alternating ({speed['rounds']} rounds of {speed['runs_per_round']}"
-                f" captures), host {speed['host']} ({speed['cpus']} CPUs), torch "
-                f"{speed['torch']}, {speed['date'][:10]}: ops/s, medians.", "",
+                f"one worker subprocess per side taking turns ({speed['rounds']} rounds of "
+                f"{speed['runs_per_round']} fresh graphs), host {speed['host']} "
+                f"({speed['cpus']} CPUs), torch {speed['torch']}, {speed['date'][:10]}: ops/s, "
+                "medians over rounds.", "",
                 *_table(["metric", "base", "this", "ratio", "target", "verdict"], rows)]
+        if paired:
+            out += ["Median of the rounds' own ratios: " + ", ".join(
+                f"{m.removesuffix('_ops_per_s').replace('_', ' ')} {r:.2f}x"
+                for m, r in paired.items()) + ".", ""]
     if nox_cpu:
         minutes = nox_cpu["seconds"] / 60
         what = nox_cpu.get("what", "`nox -s cpu`")

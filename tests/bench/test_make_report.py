@@ -164,6 +164,8 @@ def test_fake_speed_table_marks_the_targeted_metrics(tmp_path: Path) -> None:
         "base": side(20000.0, 100000.0, 150000.0), "new": side(41000.0, 110000.0, 210000.0),
         "ratios": {"capture_ops_per_s": 2.05, "first_replay_ops_per_s": 1.1,
                    "replay_ops_per_s": 1.4},
+        "paired_ratios": {"capture_ops_per_s": 2.1, "first_replay_ops_per_s": 1.12,
+                          "replay_ops_per_s": 1.38},
         "target": 2.0, "targeted": ["capture_ops_per_s", "replay_ops_per_s"]})
     lines = make_report(tmp_path).read_text().splitlines()
     assert "## 6. The fake (simulator figures, not GPU figures)" in lines
@@ -171,3 +173,5 @@ def test_fake_speed_table_marks_the_targeted_metrics(tmp_path: Path) -> None:
     assert "| 2.05x | >= 2.0x | pass |" in rows["| capture"], rows
     assert "| 1.40x | >= 2.0x | **short** |" in rows["| replay"], rows
     assert rows["| first replay"].endswith("| 1.10x | reported |  |"), rows
+    assert ("Median of the rounds' own ratios: capture 2.10x, first replay 1.12x, "
+            "replay 1.38x.") in lines
