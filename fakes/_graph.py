@@ -54,6 +54,9 @@ from ._roles import CaptureRef, DeviceRef, OrderRef, StreamRef
 __all__ = ["FakeCUDAGraph", "program_records"]
 
 
+ViewOf = tuple[int, tuple[int, ...], tuple[int, ...], int]
+"""A reference's index in replay's table of views, and its shape, stride and element offset."""
+
 
 class Program:
     """A completed capture, compiled for replay (see the module docstring); ``serial`` is the
@@ -97,33 +100,27 @@ class Program:
         self.entry_reads = tuple(entry)
         self.final_writes = tuple(final.items())
         self._views: list[torch.Tensor | None] | None = None
-        # Views of memory held weakly are built for every replay, from what check() resolved:
-        # per memory and dtype, one flat tensor and a strided view of it per reference.
-        groups: dict[tuple[WeakMemory, torch.dtype], list[tuple[int, MemRef]]] = {}
-        for i, ref in enumerate(self.refs):
+        # The references by the memory they view and their dtype: replay views each memory as
+        # one flat tensor per dtype (strided_views). Own-pool memory is viewed once, memory
+        # held weakly at every replay, from the storage check() resolved.
+        own: dict[tuple[Block, torch.dtype], list[ViewOf]] = {}
+        weak: dict[tuple[WeakMemory, torch.dtype], list[ViewOf]] = {}
+        for i, ref in enumerate(refs):
+            view = (i, ref.shape, ref.stride, ref.offset)
             if ref.weak is not None:
-                groups.setdefault((ref.weak, ref.dtype), []).append((i, ref))
-        self._weak_groups = tuple(
-            (weak, dtype, tuple((i, ref.shape, ref.stride, ref.offset) for i, ref in members))
-            for (weak, dtype), members in groups.items()
-        )
+                weak.setdefault((ref.weak, ref.dtype), []).append(view)
+            elif ref.block is not None:
+                own.setdefault((ref.block, ref.dtype), []).append(view)
+        self._own_groups = tuple((m, dtype, tuple(vs)) for (m, dtype), vs in own.items())
+        self._weak_groups = tuple((m, dtype, tuple(vs)) for (m, dtype), vs in weak.items())
 
     def _own_views(self) -> list[torch.Tensor | None]:
-        # Own-pool memory never moves while the graph lives: build those views once, each a
-        # strided view of one flat tensor per block and dtype (cheaper than a tensor per view
-        # set onto the block's storage). Call under no_python_dispatch.
+        # Own-pool memory never moves while the graph lives: build those views once (None
+        # where a reference is to memory held weakly). Call under no_python_dispatch.
         if self._views is None:
-            flats: dict[tuple[Block, torch.dtype], torch.Tensor] = {}
-            views: list[torch.Tensor | None] = []
-            for ref in self.refs:
-                block = ref.block
-                if ref.weak is not None or block is None:
-                    views.append(None)
-                    continue
-                flat = flats.get((block, ref.dtype))
-                if flat is None:
-                    flat = flats[(block, ref.dtype)] = flat_view(block.storage, ref.dtype)
-                views.append(flat.as_strided(ref.shape, ref.stride, ref.offset))
+            views: list[torch.Tensor | None] = [None] * len(self.refs)
+            for block, dtype, members in self._own_groups:
+                strided_views(views, block.storage, dtype, members)
             self._views = views
         return self._views
 
@@ -191,9 +188,7 @@ class Program:
             with no_python_dispatch(), torch.inference_mode():
                 views = list(self._own_views())
                 for weak, dtype, members in self._weak_groups:
-                    flat = flat_view(alive[weak], dtype)
-                    for i, shape, stride, offset in members:
-                        views[i] = flat.as_strided(shape, stride, offset)
+                    strided_views(views, alive[weak], dtype, members)
                 for op in self.ops:
                     launch(op, views)
                     done += 1
@@ -208,11 +203,17 @@ class Program:
                             self.refs[index].block.last_write = stamp  # type: ignore[union-attr]
 
 
-def flat_view(storage: torch.UntypedStorage, dtype: torch.dtype) -> torch.Tensor:
-    """A 1-D ``dtype`` tensor over the whole of ``storage``: recorded geometries are strided
-    views of it (``as_strided`` checks each stays inside the storage). Call under
+def strided_views(
+    views: list[Any], storage: torch.UntypedStorage, dtype: torch.dtype,
+    members: tuple[ViewOf, ...],
+) -> None:
+    """Put in ``views`` the view of each of ``members``: strided views of one 1-D ``dtype``
+    tensor over the whole of ``storage`` (``as_strided`` checks each stays inside it; one
+    tensor set onto the storage per memory and dtype, not per view). Call under
     ``no_python_dispatch``."""
-    return torch.empty(0, dtype=dtype).set_(storage, 0, (storage.nbytes() // dtype.itemsize,))
+    flat = torch.empty(0, dtype=dtype).set_(storage, 0, (storage.nbytes() // dtype.itemsize,))
+    for i, shape, stride, offset in members:
+        views[i] = flat.as_strided(shape, stride, offset)
 
 
 def launch(op: RecordedOp, views: list[torch.Tensor]) -> None:

@@ -70,10 +70,8 @@ Kwargs = dict[str, Any]
 
 
 @functools.cache
-@functools.lru_cache(maxsize=256)
 def _subclass_dispatch(types: tuple[type, ...]) -> bool:
-    # Whether any of a call's tensor types has its own __torch_dispatch__ (cached per tuple:
-    # asked on every op a mode sees, almost always for plain tensors).
+    # Whether any of a call's tensor types has its own __torch_dispatch__ (cached per tuple).
     return any(_has_own_dispatch(t) for t in types)
 
 
@@ -99,14 +97,9 @@ def _iter_tensors(values: Any) -> Any:
 
 
 def _on_cpu(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    for v in args:  # _iter_tensors, inline: this runs on every op a capture sees
-        if isinstance(v, torch.Tensor):
-            if not v.is_cpu:
-                return False
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                if isinstance(x, torch.Tensor) and not x.is_cpu:
-                    return False
+    for t in _iter_tensors(args):
+        if not t.is_cpu:
+            return False
     if not kwargs:
         return True
     for t in _iter_tensors(kwargs.values()):
@@ -171,7 +164,6 @@ class Recorder:
         self.ops: list[RecordedOp] = []
         self.refs: list[MemRef] = []
         self._ref_index: dict[MemRef, int] = {}
-        self._slots: list[Slot] = []  # the placeholder of each reference (immutable: shared)
         self._weak: dict[int, WeakMemory] = {}
         self._weak_blocks: dict[tuple[int, int], WeakMemory] = {}
         self._storages: dict[
@@ -235,7 +227,6 @@ class Recorder:
             ref = MemRef(*fields)
             index = len(self.refs)
             self.refs.append(ref)
-            self._slots.append(Slot(index))
             self._ref_index[ref] = index
         return index
 
@@ -344,7 +335,7 @@ class Recorder:
                 writes.append(index)
             if role[1]:
                 reads.append(index)
-            return self._slots[index]
+            return Slot(index)
         if type(value) in (list, tuple):
             return type(value)([self._template(v, role, reads, writes) for v in value])
         return value

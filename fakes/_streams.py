@@ -479,20 +479,14 @@ class StreamOrder:
         for access, memories in (("write", writes), ("read", reads)):
             for memory in memories:
                 last = last_writes.get(memory)
-                # The same stream's own write (the common case) is ordered: no call needed.
-                if last is not None and last.stream is not stream and not self._ordered(
-                    stream, last
-                ):
+                if last is not None and not self._ordered(stream, last):
                     raise StreamRace(
                         op, repr(stream), repr(last.stream), describe(memory),
                         written_by=last.op, access=access,
                     )
         readers = self._readers
         for memory in writes:
-            seen = readers.get(memory)
-            if seen is None:
-                continue
-            for read in seen.values():
+            for read in readers.get(memory, {}).values():
                 if not self._ordered(stream, read):
                     raise StreamRace(
                         op, repr(stream), "", describe(memory), access="write",
