@@ -12,8 +12,14 @@ On the prefill model of ``test_bench_runners`` (dense, 24 layers, hidden 2048, b
   outside the pool, such as metadata), and the ratio counting both.
 - **Capture seconds per size**, breakable against a full graph of the same step (attention
   inside, captured for one request of that many tokens), each with two warmups: the best of
-  ``CAPTURE_REPEATS`` alternating runs of each. Target: breakable at most
-  ``CAPTURE_TARGET`` x the full graph at every size.
+  ``CAPTURE_REPEATS`` alternating runs of each, each run begun on an idle device after a full
+  garbage collection. Target: breakable at most
+  ``CAPTURE_TARGET`` x the full graph at every size. Beside them, the floor of any segmented
+  capture on torch: the same layer stack, placeholder and warm-ups, captured as segments of
+  bare ``torch.cuda.CUDAGraph`` begin/end with the attention calls run eagerly between them
+  and nothing else (:class:`HandSegmentedCapture`: no scratch tracking, adoption, fork joins or
+  error handling; every tensor held). ``hand / full`` is what segmenting itself costs (one CUDA
+  graph ended, instantiated and begun per break), ``breakable / hand`` what this library adds.
 - **The whole ladder's capture seconds**: the breakable runner's constructor over the ladder
   (the pool measurement above, timed) against the same ladder captured with plain
   ``torch.cuda.graph`` (full graphs of one request of each size, largest first, one shared
@@ -26,6 +32,7 @@ Writes ``bench_capture.json`` under ``$BENCH_REPORT_DIR`` (default ``reports``).
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import os
 import time
@@ -36,6 +43,7 @@ import pytest
 import torch
 
 import impl
+from impl.breakable._breakable_state import ACTIVE_CAPTURE, IN_BREAK_BODY
 from impl.models import ForwardMode, set_forward_context
 from impl.runners import BreakableCudaGraphRunner, ModelRunner
 
@@ -43,7 +51,7 @@ from .test_bench_runners import PREFILL_MODEL, FullGraphStep, _prompts
 
 LADDER_MAX = 2048
 CAPTURE_TIME_TOKENS = (16, 128, 512, 2048)
-CAPTURE_REPEATS = 3
+CAPTURE_REPEATS = 7
 POOL_TARGET = 1.25
 CAPTURE_TARGET = 1.1
 
@@ -133,6 +141,77 @@ def _plain_ladder_seconds(
     return seconds
 
 
+def _settle() -> None:
+    """Before each timed capture: the device idle, and a full collection, so that a cyclic
+    garbage collection the allocations of an earlier capture made due does not land in
+    another's window (a gen-2 collection of this process takes tens of milliseconds)."""
+    gc.collect()
+    torch.cuda.synchronize()
+
+
+class HandSegmentedCapture:
+    """The least a segmented capture can do with torch, for the floor column: what
+    ``eager_on_graph`` asks of the capture in progress (``run_break``), done with bare
+    ``torch.cuda.CUDAGraph`` calls. A break ends the open graph, runs its body eagerly on the
+    capture stream and begins the next graph in the same pool; every argument and result is
+    held as it is. Not a working breakable graph (nothing replays the breaks): a timing
+    baseline only."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.graphs: list[torch.cuda.CUDAGraph] = []
+        self.held: list[Any] = []
+
+    def begin(self) -> None:
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin(pool=self.pool)
+        self.graphs.append(graph)
+
+    def end(self) -> None:
+        self.graphs[-1].capture_end()
+
+    def run_break(self, fn: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
+                  capture_stub: Any = None) -> Any:
+        self.end()
+        body = capture_stub if capture_stub is not None else fn
+        token = IN_BREAK_BODY.set(True)  # what the body sees in a real break: no segment records
+        try:
+            result = None if body is None else body(*args, **(kwargs or {}))
+        finally:
+            IN_BREAK_BODY.reset(token)
+        self.held.append((args, kwargs, result))
+        self.begin()
+        return result
+
+
+def _hand_segmented_seconds(prefill: BreakableCudaGraphRunner, tokens: int) -> tuple[float, Any]:
+    """Seconds to capture ``tokens`` as :class:`HandSegmentedCapture` does, with what the runner
+    does around its capture (the placeholder, both metadata halves, two warm-ups on the capture
+    stream, breakable graphs enabled), reusing ``prefill``'s registry; and the capture (to be
+    dropped after the timing)."""
+    stack, stream = prefill.layer_stack, prefill.stream
+    assert stack is not None
+    _settle()
+    start = time.perf_counter()
+    batch = prefill.placeholder(tokens)
+    stream.wait_stream(torch.cuda.current_stream())
+    hand = HandSegmentedCapture(torch.cuda.graph_pool_handle())
+    with impl.enable_breakable_cuda_graph(), torch.cuda.stream(stream), set_forward_context(batch):
+        prefill.target.init_metadata(batch)
+        for _ in range(2):
+            stack(batch.input_ids, batch.positions, batch.hidden_states)
+        token = ACTIVE_CAPTURE.set(hand)
+        try:
+            hand.begin()
+            hand.held.append(stack(batch.input_ids, batch.positions, batch.hidden_states))
+            hand.end()
+        finally:
+            ACTIVE_CAPTURE.reset(token)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    return time.perf_counter() - start, (hand, batch)
+
+
 def _warm_capture_stream(device: impl.CudaDevice, model: torch.nn.Module) -> None:
     """One eager step on the capture stream before anything is measured: cuBLAS keeps a
     workspace per stream (32 MiB on an H100 or H200), allocated at the stream's first GEMM and
@@ -151,10 +230,10 @@ def run_capture(device: impl.CudaDevice) -> dict[str, Any]:
         plain_ladder_s = _plain_ladder_seconds(device, model, ladder)
         times = []
         for tokens in CAPTURE_TIME_TOKENS:
-            breakable, full = [], []
-            for _ in range(CAPTURE_REPEATS):
+            breakable, full, hand = [], [], []
+            for repeat in range(CAPTURE_REPEATS):
                 runner = _model_runner(device, model)
-                torch.cuda.synchronize()
+                _settle()
                 start = time.perf_counter()
                 prefill = BreakableCudaGraphRunner(runner, capture_num_tokens=[tokens])
                 torch.cuda.synchronize()
@@ -162,15 +241,29 @@ def run_capture(device: impl.CudaDevice) -> dict[str, Any]:
                 request = runner.new_request(
                     _prompts(1, tokens, PREFILL_MODEL.vocab_size, tokens)[0])
                 batch = runner.build_batch(ForwardMode.EXTEND, [request], [request.prompt])
-                start = time.perf_counter()
-                captured = FullGraphStep(device, runner, prefill.registry, batch, device.Stream())
-                torch.cuda.synchronize()
-                full.append(time.perf_counter() - start)
+                captured: list[Any] = []
+                # The full graph and the floor in alternating order (the runner comes first:
+                # the floor reuses its registry and placeholder).
+                for which in ("full", "hand") if repeat % 2 == 0 else ("hand", "full"):
+                    if which == "hand":
+                        seconds, kept = _hand_segmented_seconds(prefill, tokens)
+                        hand.append(seconds)
+                    else:
+                        _settle()
+                        start = time.perf_counter()
+                        kept = FullGraphStep(device, runner, prefill.registry, batch,
+                                             device.Stream())
+                        torch.cuda.synchronize()
+                        full.append(time.perf_counter() - start)
+                    captured.append(kept)
                 del captured, prefill, runner
                 torch.cuda.empty_cache()
-            breakable_s, full_s = min(breakable), min(full)
+            breakable_s, full_s, hand_s = min(breakable), min(full), min(hand)
             times.append({"tokens": tokens, "breakable_s": breakable_s, "full_graph_s": full_s,
+                          "hand_segmented_s": hand_s,
                           "breakable_over_full_graph": breakable_s / full_s,
+                          "hand_segmented_over_full_graph": hand_s / full_s,
+                          "breakable_over_hand_segmented": breakable_s / hand_s,
                           "meets_target": breakable_s / full_s <= CAPTURE_TARGET})
     ratio = ladder_bytes / largest_bytes
     return {
@@ -221,4 +314,5 @@ def test_bench_capture_memory_and_time(benchmark) -> None:
           f"{result['plain_torch_ladder_capture_s']:.2f} s")
     for row in result["capture_seconds"]:
         print(f"capture {row['tokens']:>5} tokens: breakable {row['breakable_s']:.3f} s, "
-              f"full graph {row['full_graph_s']:.3f} s")
+              f"full graph {row['full_graph_s']:.3f} s, hand-written segments "
+              f"{row['hand_segmented_s']:.3f} s")
