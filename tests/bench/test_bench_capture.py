@@ -20,8 +20,12 @@ On the prefill model of ``test_bench_runners`` (dense, 24 layers, hidden 2048, b
   and nothing else (:class:`HandSegmentedCapture`: no scratch tracking, adoption, fork joins or
   error handling; every tensor held). ``hand / full`` is what segmenting itself costs (one CUDA
   graph ended, instantiated and begun per break), ``breakable / hand`` what this library adds.
+  And the library without its scratch holds (``track_scratch`` answering ``None``: every break
+  tensor held strongly, nothing adopted, no allocator snapshot): the capture-time price of the
+  pool target, which wins where the two conflict (issue 26).
 - **The whole ladder's capture seconds**: the breakable runner's constructor over the ladder
-  (the pool measurement above, timed) against the same ladder captured with plain
+  (the pool measurement above, timed; the best of ``LADDER_REPEATS`` runs, interleaved with the
+  baseline's) against the same ladder captured with plain
   ``torch.cuda.graph`` (full graphs of one request of each size, largest first, one shared
   pool, two warmups each; ``torch.cuda.graph`` empties the allocator's cache at each entry,
   as it does for any engine that uses it).
@@ -50,6 +54,7 @@ from impl.runners import BreakableCudaGraphRunner, ModelRunner
 from .test_bench_runners import PREFILL_MODEL, FullGraphStep, _prompts
 
 LADDER_MAX = 2048
+LADDER_REPEATS = 3
 CAPTURE_TIME_TOKENS = (16, 128, 512, 2048)
 CAPTURE_REPEATS = 7
 POOL_TARGET = 1.25
@@ -78,7 +83,7 @@ def _pool_for(device: impl.CudaDevice, model: torch.nn.Module, sizes: list[int])
     it that stay allocated (what the breaks own: metadata, placeholders; the registry's
     buffers are the runner's, allocated before)."""
     runner = _model_runner(device, model)
-    torch.cuda.synchronize()
+    _settle()
     before = torch.cuda.memory_allocated()
     start = time.perf_counter()
     prefill = BreakableCudaGraphRunner(runner, capture_num_tokens=sizes)
@@ -111,6 +116,7 @@ def _plain_ladder_seconds(
     registry = _RegistryOnly(runner, capture_num_tokens=sizes).registry
     backend, pool, stream = runner.attn_backend, torch.cuda.graph_pool_handle(), device.Stream()
     graphs, seconds = [], 0.0
+    _settle()  # once, as before the breakable ladder (whose collections are timed with it)
     for tokens in sorted(sizes, reverse=True):
         request = runner.new_request(_prompts(1, tokens, PREFILL_MODEL.vocab_size, tokens)[0])
         batch = runner.build_batch(ForwardMode.EXTEND, [request], [request.prompt])
@@ -184,32 +190,66 @@ class HandSegmentedCapture:
         return result
 
 
-def _hand_segmented_seconds(prefill: BreakableCudaGraphRunner, tokens: int) -> tuple[float, Any]:
-    """Seconds to capture ``tokens`` as :class:`HandSegmentedCapture` does, with what the runner
-    does around its capture (the placeholder, both metadata halves, two warm-ups on the capture
-    stream, breakable graphs enabled), reusing ``prefill``'s registry; and the capture (to be
-    dropped after the timing)."""
-    stack, stream = prefill.layer_stack, prefill.stream
-    assert stack is not None
+def _forward(prefill: BreakableCudaGraphRunner, batch: Any) -> Any:
+    """What the runner records: its layer stack, called positionally."""
+    assert prefill.layer_stack is not None
+    return prefill.layer_stack(batch.input_ids, batch.positions, batch.hidden_states)
+
+
+def _hand_segmented(prefill: BreakableCudaGraphRunner, batch: Any) -> Any:
+    """The layer stack captured as :class:`HandSegmentedCapture` segments into a fresh pool."""
+    hand = HandSegmentedCapture(torch.cuda.graph_pool_handle())
+    token = ACTIVE_CAPTURE.set(hand)
+    try:
+        hand.begin()
+        hand.held.append(_forward(prefill, batch))
+        hand.end()
+    finally:
+        ACTIVE_CAPTURE.reset(token)
+    return hand
+
+
+def _without_scratch_holds(prefill: BreakableCudaGraphRunner, batch: Any) -> Any:
+    """The layer stack captured by this library into a fresh pool, its scratch tracking off
+    (the ``track_scratch`` hook answers ``None``, as for a device without it): every break
+    input and result held strongly, nothing adopted into the pool, no allocator snapshot. What
+    the capture costs without the holds that keep the ladder's pool near its largest size's."""
+    graph = impl.BreakableCUDAGraph(prefill.device)
+    with impl.BreakableCUDAGraphCapture(
+        graph, pool=torch.cuda.graph_pool_handle(), stream=prefill.stream,
+        hooks={"track_scratch": lambda capture, proceed, pool: None},
+    ):
+        output = _forward(prefill, batch)
+    return graph, output
+
+
+def _stack_capture_seconds(
+    prefill: BreakableCudaGraphRunner, tokens: int, capture: Any
+) -> tuple[float, Any]:
+    """Seconds to capture ``tokens`` with ``capture(prefill, batch)`` and what the runner
+    does around its own capture (the placeholder, both metadata halves, two warm-ups on the
+    capture stream, breakable graphs enabled), reusing ``prefill``'s registry; and what was
+    captured (to be dropped after the timing)."""
+    stream = prefill.stream
     _settle()
     start = time.perf_counter()
     batch = prefill.placeholder(tokens)
     stream.wait_stream(torch.cuda.current_stream())
-    hand = HandSegmentedCapture(torch.cuda.graph_pool_handle())
     with impl.enable_breakable_cuda_graph(), torch.cuda.stream(stream), set_forward_context(batch):
         prefill.target.init_metadata(batch)
         for _ in range(2):
-            stack(batch.input_ids, batch.positions, batch.hidden_states)
-        token = ACTIVE_CAPTURE.set(hand)
-        try:
-            hand.begin()
-            hand.held.append(stack(batch.input_ids, batch.positions, batch.hidden_states))
-            hand.end()
-        finally:
-            ACTIVE_CAPTURE.reset(token)
+            _forward(prefill, batch)
+        kept = capture(prefill, batch)
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
-    return time.perf_counter() - start, (hand, batch)
+    return time.perf_counter() - start, (kept, batch)
+
+
+# The captures timed beside the runner's at each size: a full graph of the step (the target's
+# baseline; ``None``: timed inline), the floor, and the library without scratch holds.
+VARIANTS: dict[str, Any] = {
+    "full": None, "hand": _hand_segmented, "no_scratch_holds": _without_scratch_holds,
+}
 
 
 def _warm_capture_stream(device: impl.CudaDevice, model: torch.nn.Module) -> None:
@@ -224,46 +264,54 @@ def run_capture(device: impl.CudaDevice) -> dict[str, Any]:
         model = PREFILL_MODEL.build(device)
         _warm_capture_stream(device, model)
         ladder = impl.default_prefill_sizes(LADDER_MAX)
-        ladder_mem = _pool_for(device, model, ladder)
+        ladders, plain_ladders = [], []
+        for _ in range(LADDER_REPEATS):
+            ladders.append(_pool_for(device, model, ladder))
+            plain_ladders.append(_plain_ladder_seconds(device, model, ladder))
+        ladder_mem = min(ladders, key=lambda run: run["seconds"])
+        plain_ladder_s = min(plain_ladders)
         largest_mem = _pool_for(device, model, [ladder[-1]])
         ladder_bytes, largest_bytes = ladder_mem["pool"], largest_mem["pool"]
-        plain_ladder_s = _plain_ladder_seconds(device, model, ladder)
         times = []
         for tokens in CAPTURE_TIME_TOKENS:
-            breakable, full, hand = [], [], []
+            seconds: dict[str, list[float]] = {name: [] for name in ("breakable", *VARIANTS)}
             for repeat in range(CAPTURE_REPEATS):
                 runner = _model_runner(device, model)
                 _settle()
                 start = time.perf_counter()
                 prefill = BreakableCudaGraphRunner(runner, capture_num_tokens=[tokens])
                 torch.cuda.synchronize()
-                breakable.append(time.perf_counter() - start)
+                seconds["breakable"].append(time.perf_counter() - start)
                 request = runner.new_request(
                     _prompts(1, tokens, PREFILL_MODEL.vocab_size, tokens)[0])
                 batch = runner.build_batch(ForwardMode.EXTEND, [request], [request.prompt])
                 captured: list[Any] = []
-                # The full graph and the floor in alternating order (the runner comes first:
-                # the floor reuses its registry and placeholder).
-                for which in ("full", "hand") if repeat % 2 == 0 else ("hand", "full"):
-                    if which == "hand":
-                        seconds, kept = _hand_segmented_seconds(prefill, tokens)
-                        hand.append(seconds)
-                    else:
+                # The other variants in an order rotating with the repeat (the runner comes
+                # first: the others reuse its registry and placeholder).
+                names = list(VARIANTS)
+                for which in names[repeat % len(names):] + names[:repeat % len(names)]:
+                    if which == "full":
                         _settle()
                         start = time.perf_counter()
                         kept = FullGraphStep(device, runner, prefill.registry, batch,
                                              device.Stream())
                         torch.cuda.synchronize()
-                        full.append(time.perf_counter() - start)
+                        took = time.perf_counter() - start
+                    else:
+                        took, kept = _stack_capture_seconds(prefill, tokens, VARIANTS[which])
+                    seconds[which].append(took)
                     captured.append(kept)
                 del captured, prefill, runner
                 torch.cuda.empty_cache()
-            breakable_s, full_s, hand_s = min(breakable), min(full), min(hand)
+            best = {name: min(values) for name, values in seconds.items()}
+            breakable_s, full_s, hand_s = best["breakable"], best["full"], best["hand"]
+            bare_s = best["no_scratch_holds"]
             times.append({"tokens": tokens, "breakable_s": breakable_s, "full_graph_s": full_s,
-                          "hand_segmented_s": hand_s,
+                          "hand_segmented_s": hand_s, "no_scratch_holds_s": bare_s,
                           "breakable_over_full_graph": breakable_s / full_s,
                           "hand_segmented_over_full_graph": hand_s / full_s,
                           "breakable_over_hand_segmented": breakable_s / hand_s,
+                          "no_scratch_holds_over_full_graph": bare_s / full_s,
                           "meets_target": breakable_s / full_s <= CAPTURE_TARGET})
     ratio = ladder_bytes / largest_bytes
     return {
@@ -283,6 +331,8 @@ def run_capture(device: impl.CudaDevice) -> dict[str, Any]:
         "capture_target_ratio": CAPTURE_TARGET,
         "meets_capture_target": all(row["meets_target"] for row in times),
         "ladder_capture_s": ladder_mem["seconds"],
+        "ladder_capture_runs_s": [run["seconds"] for run in ladders],
+        "plain_torch_ladder_runs_s": plain_ladders,
         "plain_torch_ladder_capture_s": plain_ladder_s,
         "ladder_over_plain_torch": ladder_mem["seconds"] / plain_ladder_s,
     }
