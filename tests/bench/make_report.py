@@ -127,17 +127,17 @@ def _capture(data: dict[str, Any]) -> list[str]:
                f"{data['largest_alone_outside_pool_bytes'] / 2**20:.1f} MiB; ladder / "
                f"largest counting both: {data['ladder_over_largest_with_outside']:.3f}.", ""]
     target = data.get("capture_target_ratio", 1.1)
-    floor = all("no_scratch_holds_s" in r for r in data["capture_seconds"])
+    breakdown = all("no_scratch_holds_s" in r for r in data["capture_seconds"])
     times = [[r["tokens"], f"{r['breakable_s']:.3f}", f"{r['full_graph_s']:.3f}",
               *([f"{r['hand_segmented_s']:.3f}", f"{r['no_scratch_holds_s']:.3f}"]
-                if floor else []),
+                if breakdown else []),
               f"{r['breakable_over_full_graph']:.2f}",
               *([f"{r['hand_segmented_over_full_graph']:.2f}",
                  f"{r['breakable_over_hand_segmented']:.2f}",
-                 f"{r['no_scratch_holds_over_full_graph']:.2f}"] if floor else []),
+                 f"{r['no_scratch_holds_over_full_graph']:.2f}"] if breakdown else []),
               f"<= {target}", _verdict(r["breakable_over_full_graph"] <= target)]
              for r in data["capture_seconds"]]
-    floor_note = [
+    breakdown_note = [
         "Hand-written segments: the same layer stack, placeholder and warm-ups captured as "
         "bare `torch.cuda.CUDAGraph` begin/end around eager attention calls, nothing else "
         "(no scratch tracking, adoption, fork joins or error handling). hand / full is what "
@@ -146,7 +146,7 @@ def _capture(data: dict[str, Any]) -> list[str]:
         "capture with scratch tracking off (every break tensor held strongly, nothing adopted "
         "into the pool, no allocator snapshot), what capture would cost without what keeps the "
         "ladder's pool near its largest size's; where the two targets conflict the pool "
-        "wins.", ""] if floor else []
+        "wins.", ""] if breakdown else []
     ladder = []
     if "plain_torch_ladder_capture_s" in data:
         ladder = [f"The whole ladder ({len(data['ladder'])} sizes): breakable runner "
@@ -159,12 +159,13 @@ def _capture(data: dict[str, Any]) -> list[str]:
                      "verdict"], rows),
             *outside,
             *_table(["tokens", "breakable capture s", "full graph capture s",
-                     *(["hand-written segments s", "no scratch holds s"] if floor else []),
+                     *(["hand-written segments s", "no scratch holds s"]
+                       if breakdown else []),
                      "ratio",
                      *(["hand / full (floor)", "breakable / hand", "no holds / full"]
-                       if floor else []),
+                       if breakdown else []),
                      "target", "verdict"], times),
-            *floor_note,
+            *breakdown_note,
             *ladder]
 
 
@@ -437,16 +438,12 @@ def make_report(folder: Path) -> Path:
     tensor_parallel = _load(folder, "bench_tp.json")
     overlap = _load(folder, "bench_overlap.json")
     piecewise = _load(folder, "bench_piecewise.json")
-    loaded = {"breakable_overhead.json": overhead, "bench_registry_cuda.json": registry,
-              "bench_runners.json": runners, "bench_capture.json": capture,
-              "bench_fake_speed.json": fake_speed, "bench_transformers.json": transformers,
-              "bench_sanitizer.json": sanitizer, "bench_tp.json": tensor_parallel,
-              "bench_overlap.json": overlap, "bench_piecewise.json": piecewise}
     # The JSON files may come from different runs (a benchmark rerun alone rewrites only its
-    # own): name each one's machine and date rather than one for all.
+    # own): name each dated one's machine and date rather than one for all.
+    dated = ((path.name, _load(folder, path.name)) for path in sorted(folder.glob("*.json")))
     sources = [[name, data.get("device") or f"CPU ({data.get('cpus', '?')} cores)",
                 data.get("torch", "?"), data.get("cuda", "-"), data["date"]]
-               for name, data in loaded.items() if data and data.get("date")]
+               for name, data in dated if isinstance(data, dict) and data.get("date")]
     lines = ["# Benchmarks", ""]
     if sources:
         lines += ["Ratios compare variants measured in the same process, medians of interleaved "

@@ -227,9 +227,9 @@ def _stack_capture_seconds(
     prefill: BreakableCudaGraphRunner, tokens: int, capture: Any
 ) -> tuple[float, Any]:
     """Seconds to capture ``tokens`` with ``capture(prefill, batch)`` and what the runner
-    does around its own capture (the placeholder, both metadata halves, two warm-ups on the
-    capture stream, breakable graphs enabled), reusing ``prefill``'s registry; and what was
-    captured (to be dropped after the timing)."""
+    does around its own capture (the placeholder, both metadata halves, the runner's warm-ups
+    on the capture stream, breakable graphs enabled), reusing ``prefill``'s registry; and what
+    was captured (to be dropped after the timing)."""
     stream = prefill.stream
     _settle()
     start = time.perf_counter()
@@ -237,7 +237,7 @@ def _stack_capture_seconds(
     stream.wait_stream(torch.cuda.current_stream())
     with impl.enable_breakable_cuda_graph(), torch.cuda.stream(stream), set_forward_context(batch):
         prefill.target.init_metadata(batch)
-        for _ in range(2):
+        for _ in range(prefill.num_warmups):
             _forward(prefill, batch)
         kept = capture(prefill, batch)
     torch.cuda.current_stream().wait_stream(stream)
