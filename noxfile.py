@@ -57,7 +57,8 @@ def cpu(session: nox.Session) -> None:
     registry (``examples/engine_registry.py``): core with no known failure, strict with only
     strict tests listed (``examples/engine_registry.xfail``), and the correct-but-different
     breakable graph (``examples/engine_breakable.py``) at every level with only strict tests
-    listed (``examples/engine_breakable.xfail``)."""
+    listed (``examples/engine_breakable.xfail``), and the breakable graph with vLLM's choices
+    (``examples/engine_inplace.py``) likewise (``examples/engine_inplace.xfail``)."""
     _install(session, "test", "hf")
     _pytest(session, "tests", "--benchmark-disable")
     _conformance(session, "--backend=fake")
@@ -85,6 +86,18 @@ def cpu(session: nox.Session) -> None:
         "-k",
         "breakable or lifecycle or capture_errors",
     )
+    # A correct breakable graph with vLLM's choices (breaks write in place, no fork tracking,
+    # no replay stream, capture under inference mode): every core test passes, and its xfail
+    # file lists strict tests only.
+    _conformance(
+        session,
+        "--backend=examples.engine_inplace:make_adapter",
+        "--xfail-file=examples/engine_inplace.xfail",
+        "--",
+        "-k",
+        "breakable or lifecycle or capture_errors or inference_mode or mode_helpers "
+        "or dispatch_table",
+    )
 
 
 @nox.session(venv_backend="venv", reuse_venv=False)
@@ -92,7 +105,10 @@ def plugin(session: nox.Session) -> None:
     """The installed ``pytest11`` plugin is inert in an unrelated project: a fresh virtualenv
     (``python -m venv``, no system site-packages) with the package installed without extras runs
     ``examples/plugin_inert`` green, once with the project's own hypothesis profile (which must
-    stay loaded) and once with hypothesis made unimportable (the plugin must not import it)."""
+    stay loaded) and once with hypothesis made unimportable (the plugin must not import it).
+    Then the README's library use ("Use it in your own project") in that environment, outside
+    the checkout: the installed version is ``spec.__version__`` in every package, ``python -m
+    conformance --help``, and one small run on the fake (the error taxonomy's tests)."""
     session.install(*_torch_spec())
     session.install(".")  # no extras, not editable: what a user's environment has
     src = Path("examples/plugin_inert")
@@ -109,19 +125,46 @@ def plugin(session: nox.Session) -> None:
         session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
                     "-p", "no:hypothesispytest",
                     env={"HOST_USES_HYPOTHESIS": "0", "PYTHONPATH": str(blocker)})
+    user = work.parent / "library_use"  # an empty folder: nothing of the checkout importable
+    shutil.rmtree(user, ignore_errors=True)
+    user.mkdir()
+    with session.chdir(user):
+        session.run("python", "-c", (
+            "import importlib.metadata as m, spec, impl, fakes, conformance\n"
+            "v = m.version('cudagraph-runner-conformance')\n"
+            "got = [p.__version__ for p in (spec, impl, fakes, conformance)]\n"
+            "assert got == [v] * 4, (v, got)\n"
+            "assert 'site-packages' in spec.__file__, 'not the installed copy: ' + spec.__file__\n"
+            "print('cudagraph-runner-conformance', v, 'from', spec.__file__)\n"
+        ))
+        session.run("python", "-m", "conformance", "--help", silent=True)
+        session.run("python", "-m", "conformance", "--backend", "fake", "--report-dir",
+                    "reports", "--", "-k", "error_taxonomy")
 
 
 @nox.session(venv_backend="none")
 def gpu(session: nox.Session) -> None:
-    """The GPU tests and the conformance suite on ``--backend=cuda``, in the current interpreter."""
-    session.run(
-        "python",
-        "-c",
-        "import sys, torch; ok = torch.cuda.is_available(); "
-        "print('torch', torch.__version__, 'cuda available:', ok); "
-        "sys.exit(0 if ok else "
-        "'nox -s gpu needs a CUDA device: torch.cuda.is_available() is False')",
-    )
+    """The GPU tests and the conformance suite on ``--backend=cuda``, in the current interpreter.
+    Without torch or CUDA there: one line naming the cause, and the session fails."""
+    # One line either way, exit status 0: nox then shows the line, never a traceback.
+    found = str(session.run("python", "-c", (
+        "try:\n"
+        "    import torch\n"
+        "except Exception as e:\n"
+        "    print(f'no torch in this interpreter ({type(e).__name__}: {e}): install a CUDA '\n"
+        "          'build of torch here (nox -s gpu runs in the current interpreter), or run '\n"
+        "          'nox -s cpu')\n"
+        "else:\n"
+        "    ok = torch.cuda.is_available()\n"
+        "    print(f'ok: torch {torch.__version__}, CUDA available' if ok else\n"
+        "          f'torch {torch.__version__} sees no CUDA device (torch.cuda.is_available() '\n"
+        "          'is False): run on a machine with a CUDA GPU and a CUDA build of torch, or '\n"
+        "          'run nox -s cpu')\n"
+    ), silent=True, log=False)).strip().splitlines()
+    line = found[-1] if found else "the torch check printed nothing"
+    if not line.startswith("ok: "):
+        session.error(line)
+    session.log(line)
     _pytest(session, "tests", "--benchmark-disable")
     _conformance(session, "--backend=cuda")
 
@@ -133,13 +176,23 @@ def gpu2(session: nox.Session) -> None:
     mismatched step (``tests/test_tp_gpu.py``), then the TP=2 bench (``bench_tp.json`` and
     section 9 of ``bench.md`` under ``reports/``). One process per GPU over NCCL, each killed
     after 60 s. Mismatches themselves are tested on the multi-rank fake (``cpu``)."""
-    session.run(
-        "python",
-        "-c",
-        "import sys, torch; n = torch.cuda.device_count(); "
-        "print('torch', torch.__version__, 'GPUs:', n); "
-        "sys.exit(0 if n >= 2 else 'nox -s gpu2 needs 2 CUDA devices, found %d' % n)",
-    )
+    # One line either way, exit status 0: nox then shows the line, never a traceback.
+    found = str(session.run("python", "-c", (
+        "try:\n"
+        "    import torch\n"
+        "except Exception as e:\n"
+        "    print(f'no torch in this interpreter ({type(e).__name__}: {e}): install a CUDA '\n"
+        "          'build of torch here (nox -s gpu2 runs in the current interpreter)')\n"
+        "else:\n"
+        "    n = torch.cuda.device_count() if torch.cuda.is_available() else 0\n"
+        "    print(f'ok: torch {torch.__version__}, {n} CUDA devices' if n >= 2 else\n"
+        "          f'torch {torch.__version__} sees {n} CUDA devices, 2 are needed: run on a '\n"
+        "          'machine with 2 GPUs (e.g. nvidia-h200-x2) and a CUDA build of torch')\n"
+    ), silent=True, log=False)).strip().splitlines()
+    line = found[-1] if found else "the torch check printed nothing"
+    if not line.startswith("ok: "):
+        session.error(line)
+    session.log(line)
     os.makedirs(REPORTS, exist_ok=True)
     session.env["BENCH_REPORT_DIR"] = REPORTS
     _pytest(session, "tests/test_tp_gpu.py", "-s")
@@ -171,8 +224,10 @@ def bench(session: nox.Session) -> None:
 def conformance(session: nox.Session) -> None:
     """The main job: ``python -m conformance`` against a backend (``fake`` unless
     ``$CONFORMANCE_BACKEND`` or ``nox -s conformance -- --backend NAME`` says otherwise); writes
-    ``reports/conformance.md`` and ``reports/conformance.json`` and prints the clause summary."""
-    _install(session, "test")
+    ``reports/conformance.md`` and ``reports/conformance.json`` and prints the clause summary.
+    With the ``hf`` extra, so ``nox -s conformance -- --model examples.hf_models:qwen3`` runs
+    the runner clauses on a transformers model."""
+    _install(session, "test", "hf")
     _conformance(session, *session.posargs)
 
 

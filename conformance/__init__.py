@@ -13,7 +13,8 @@ Tests have a level: ``core`` (unmarked: what engines depend on for correct resul
 
 The names below load on first use: the pytest plugin lives in this package and is loaded into
 every pytest run of an environment that installed it, so importing the package imports neither
-torch nor hypothesis.
+torch nor hypothesis. ``conformance.__version__`` is ``spec.__version__``, also loaded on first
+use.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .plugin._adapter import (
         BREAKABLE_NAMES,
+        BREAKABLE_OPTIONAL_NAMES,
         REGISTRY_NAMES,
         RUNNER_NAMES,
         RUNNER_OPTIONAL_NAMES,
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 _EXPORTS: dict[str, str] = {
     "Adapter": "plugin._backend",
     "BREAKABLE_NAMES": "plugin._adapter",
+    "BREAKABLE_OPTIONAL_NAMES": "plugin._adapter",
     "Backend": "plugin._backend",
     "Capability": "plugin._backend",
     "ClauseStatus": "plugin._report",
@@ -72,6 +75,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "Adapter",
     "BREAKABLE_NAMES",
+    "BREAKABLE_OPTIONAL_NAMES",
     "Backend",
     "Capability",
     "ClauseStatus",
@@ -97,6 +101,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # spec's, loaded on first use like the names above
+        value = importlib.import_module("spec").__version__
+        globals()[name] = value
+        return value
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

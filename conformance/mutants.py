@@ -60,6 +60,12 @@ multi-rank fake, which names it as a :class:`spec.CollectiveMismatch` on every r
 The overlap mutant (:class:`StagingWithoutWait`): overlapped decode whose copy stream skips
 its wait on the previous step, so step ``n + 1``'s staging writes what step ``n``'s replay still
 reads (sglang #31455's class of bug); the fake names it a :class:`spec.StreamRace` (``ORD-7``).
+
+The generation mutant (:data:`GENERATION_MUTANTS`): ``failed_requests_kept``, a model runner
+whose :meth:`~impl.ModelRunner.abort` gives nothing back, so a generation that raises leaves
+its live requests' rows and KV slots allocated (sglang #38352's class of bug: a request not
+ended after its forward raised keeps its KV); the KV pool's free counts show the leak on every
+device (``RUN-14``).
 """
 
 from __future__ import annotations
@@ -75,10 +81,11 @@ import torch
 
 import impl
 from spec import DeviceModule
-from spec.contracts import BREAKABLE_NAMES
+from spec.contracts import BREAKABLE_NAMES, BREAKABLE_OPTIONAL_NAMES
 
 __all__ = [
     "DECODE_MUTANTS",
+    "GENERATION_MUTANTS",
     "MUTANTS",
     "PREFILL_MUTANTS",
     "REGISTRY_MUTANTS",
@@ -325,7 +332,7 @@ def mutant_capture(variant: str) -> Callable[..., impl.BreakableCUDAGraphCapture
 def mutant_api(variant: str) -> Any:
     """``impl``'s breakable API with the capture of ``variant`` (:func:`mutant_capture`): what a
     core test's body runs to show that it detects the mutant's defect."""
-    names = {name: getattr(impl, name) for name in BREAKABLE_NAMES}
+    names = {name: getattr(impl, name) for name in (*BREAKABLE_NAMES, *BREAKABLE_OPTIONAL_NAMES)}
     names["BreakableCUDAGraphCapture"] = mutant_capture(variant)
     return SimpleNamespace(**names)
 
@@ -668,3 +675,17 @@ class StagingWithoutWait(impl.OverlapScheduler):
     def order_copy_after_compute(self) -> None:
         pass
 
+
+class _FailedRequestsKept(impl.ModelRunner):
+    """Drops the requests a failed generation still holds without freeing them: their rows and
+    KV slots stay allocated (``RUN-14``)."""
+
+    def abort(self, requests: Any) -> None:
+        pass
+
+
+GENERATION_MUTANTS: Final[dict[str, type[impl.ModelRunner]]] = {
+    "failed_requests_kept": _FailedRequestsKept,
+}
+"""Generation mutant name -> a :class:`impl.ModelRunner` subclass (overriding a public method)
+that leaks what a failed generation held."""

@@ -150,7 +150,7 @@ def make_adapter() -> Backend:
         device=fakes.FakeDevice,
         breakable=sys.modules[__name__],
         capabilities=["hazard_errors", "exact_capture_errors", "aten_op_names",
-                      "unsupported_ops", "node_count", "simulator"],
+                      "unsupported_ops", "node_count", "simulator", "break_result_copy"],
         isolate_failures=False,
         name="engine-breakable",
     )

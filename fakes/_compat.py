@@ -8,6 +8,7 @@ older than the 2.11 the project requires.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any
 
 import torch
@@ -62,6 +63,26 @@ def no_python_dispatch() -> contextlib.AbstractContextManager[None]:
     tensor subclass, so neither the recorder nor a user's mode ever sees them."""
     # torch's own guard object, not a generator: the recorder enters one for every op.
     return torch._C._DisableTorchDispatch()
+
+
+_CIA = torch._C.DispatchKey.CompositeImplicitAutograd
+_CPU_KEYS = (torch._C.DispatchKey.CPU, torch._C.DispatchKey.AutogradCPU)
+
+
+def autograd_decomposition(func: Any) -> Any:
+    """The ``CompositeImplicitAutograd`` kernel that the autograd key runs for ``func`` on CPU
+    tensors, as a callable taking ``func``'s arguments; ``None`` where autograd runs another
+    kernel (``func`` has none, or a kernel of its own for ``CPU`` or ``AutogradCPU``).
+
+    The dispatcher's own rule (an alias kernel yields to a direct registration), as
+    ``torch.utils._python_dispatch.autograd_would_have_decomposed`` states it for torch's modes;
+    the kernel is the C++ one eager mode runs, not a Python decomposition registered beside it.
+    """
+    name = func.name()
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    if not has_kernel(name, _CIA) or any(has_kernel(name, key) for key in _CPU_KEYS):
+        return None
+    return functools.partial(func._op_dk, _CIA)
 
 
 def op_kernel(func: Any) -> Any:

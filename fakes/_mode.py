@@ -4,17 +4,23 @@ running them.
 For every aten op that reaches it on a stream of the capture, :class:`RecordingMode` runs an
 ordered pipeline:
 
-1. ops issued on a stream outside the capture run eagerly (host syncs among them follow
+1. a composite op that autograd would have split into other ops (``to``, ``contiguous``,
+   ``matmul``: a ``CompositeImplicitAutograd`` kernel) is split here, its parts coming through
+   this pipeline one by one. Dispatch modes sit below the autograd keys, so they normally see
+   only the parts; under ``torch.inference_mode()`` those keys are skipped and the composite
+   itself arrives (``to`` would then pass for a view, its copy made eagerly);
+2. ops issued on a stream outside the capture run eagerly (host syncs among them follow
    ``capture_error_mode``); ops on another device's tensors raise ``UnsupportedInCapture``;
-2. a registered special case (``fakes._handlers``; op tables in ``fakes._ops``) handles the op;
-3. otherwise :func:`~fakes._ops.classify_op` decides: views run (they alias, launch nothing),
+3. a registered special case (``fakes._handlers``; op tables in ``fakes._ops``) handles the op;
+4. otherwise :func:`~fakes._ops.classify_op` decides: views run (they alias, launch nothing),
    host syncs raise ``SyncDuringCapture``, random ops raise ``UnsupportedInCapture``, and kernels
    are recorded by :class:`Recorder`.
 
 Outside captures, :class:`StreamOrderMode` sees the eager ops a thread issues inside a
 ``device.stream(...)`` body and checks them against the device's stream order (``ORD-1``,
 ``ORD-5``): an op that touches memory another stream wrote, with nothing ordering the two, raises
-:class:`~spec.StreamRace` before it runs.
+:class:`~spec.StreamRace` before it runs. It splits composite ops as step 1 does, so the copy a
+``to`` makes under inference mode is checked too.
 
 Recording never executes the kernel. Its output shapes come from the meta device (so bad calls
 fail at capture as they would eagerly); fresh outputs get poisoned memory from the capture's
@@ -170,8 +176,14 @@ class Recorder:
             int, tuple[weakref.ref[torch.UntypedStorage], Block | None, bool]
         ] = {}
         self.constants: list[torch.Tensor] = []
-        # (block, previous last_write) for every capture-time write, undone if the capture aborts
-        self.undo: list[tuple[Block, WriteStamp | None]] = []
+        # (block, the write it replaced) for every capture-time write, in the device's write
+        # log (MemoryTable.record_write), undone if the capture aborts (forget_writes)
+        self._predicted: list[tuple[Block, WriteStamp | None]] = []
+
+    def forget_writes(self) -> None:
+        """Take the capture's predicted writes back out of the device's write log (the
+        capture aborted: no replay will make them)."""
+        self.device.memory.forget_writes(self._predicted)
 
     # -- memory references --------------------------------------------------------------------
 
@@ -418,6 +430,7 @@ class Recorder:
             read_records.append(ReadRecord(index, expected))
         write_list = tuple(dict.fromkeys(writes)) if len(writes) > 1 else tuple(writes)
         stamps = []
+        record_write, predicted = self.device.memory.record_write, self._predicted
         for index in write_list:
             ref = refs[index]
             if ref.block is None:
@@ -426,8 +439,7 @@ class Recorder:
             stamp = WriteStamp(cap.serial, op_index, ref.gen, info.name)
             # A capture predicts the state its first replay leaves behind: later captures'
             # reads of this block expect this write.
-            self.undo.append((ref.block, ref.block.last_write))
-            ref.block.last_write = stamp
+            predicted.append((ref.block, record_write(ref.block, stamp)))
             stamps.append(stamp)
         # One fresh result, operands filled by position: replay can write it through the op's
         # out= overload (its kernel and out argument, and the result's slot).
@@ -516,7 +528,11 @@ class StreamOrderMode(TorchDispatchMode):
         stream = device.current_stream()
         if stream.capture is not None:  # the recorder's (ORD-3); it passes views down here
             return func(*args, **kwargs)
-        info = classify_op(func)
+        facts = op_facts(func)
+        if facts.decomposition is not None:  # skipped autograd's split, as in RecordingMode
+            with self:
+                return facts.decomposition(*args, **kwargs)
+        info = facts.info
         if (
             info.kind == "view"
             or func in NO_MEMORY_TOUCHED
@@ -582,8 +598,14 @@ class RecordingMode(TorchDispatchMode):
             return func(*args, **kwargs)
         if _subclass_dispatch(tuple(types)):
             return NotImplemented
-        stream = self.device.current_stream()
         facts = op_facts(func)
+        if facts.decomposition is not None:
+            # Reached here undecomposed: the autograd keys were skipped (inference mode), and
+            # with them the split into the kernels CUDA captures (``to`` into ``_to_copy``).
+            # Split it as they would, with this mode back on the stack to see every part.
+            with self:
+                return facts.decomposition(*args, **kwargs)
+        stream = self.device.current_stream()
         info = facts.info
         if stream.capture is not cap:
             # Issued on a stream outside the capture: CUDA runs it eagerly.

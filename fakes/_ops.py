@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
 
-from ._compat import op_kernel
+from ._compat import autograd_decomposition, op_kernel
 
 if TYPE_CHECKING:
     from ._allocator import WriteStamp
@@ -210,8 +210,9 @@ def handler_for(func: torch._ops.OpOverload) -> Handler | None:
 class OpFacts(NamedTuple):
     """Everything the recorder and replay ask about one overload, in one look-up: its
     :func:`classify_op`, :func:`handler_for` and :func:`operand_roles`, the callable replay
-    calls it through (:func:`~fakes._compat.op_kernel`) and that of its :func:`out_overload`
-    with the out argument's name (``None`` without one)."""
+    calls it through (:func:`~fakes._compat.op_kernel`), that of its :func:`out_overload`
+    with the out argument's name (``None`` without one), and its
+    :func:`~fakes._compat.autograd_decomposition` (``None`` without one)."""
 
     func: torch._ops.OpOverload
     info: OpInfo
@@ -220,6 +221,7 @@ class OpFacts(NamedTuple):
     by_name: dict[str, Role]
     kernel: Any
     out: tuple[Any, str] | None
+    decomposition: Any
 
 
 _FACTS: dict[int, OpFacts] = {}
@@ -235,6 +237,7 @@ def op_facts(func: torch._ops.OpOverload) -> OpFacts:
         facts = _FACTS[id(func)] = OpFacts(
             func, classify_op(func), handler_for(func), *operand_roles(func), op_kernel(func),
             None if found is None else (op_kernel(found[0]), found[1]),
+            autograd_decomposition(func),
         )
     return facts
 

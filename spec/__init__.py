@@ -18,9 +18,12 @@ from . import (  # noqa: F401
     _clauses_streams,
     errors,
 )
+from ._machinery import machinery_modules, register_machinery
+from ._version import __version__ as __version__
 from .clauses import CLAUSES, Clause, define, get_clause
 from .contracts import (
     BreakableAPI,
+    BreakableOptionalAPI,
     ForwardBatchLike,
     GraphRunner,
     GraphTarget,
@@ -29,6 +32,7 @@ from .contracts import (
     RegistryAPI,
     RunnerModel,
     RunnersAPI,
+    RunnersOptionalAPI,
     RunnerStatsLike,
     api_names,
 )
@@ -77,6 +81,7 @@ from .runner_config import LAYER_TYPES, LayerType, RunnerConfig
 __all__ = [
     "AttentionInSegment",
     "BreakableAPI",
+    "BreakableOptionalAPI",
     "CLAUSES",
     "CaptureError",
     "CaptureErrorMode",
@@ -124,6 +129,7 @@ __all__ = [
     "RunnerModel",
     "RunnerStatsLike",
     "RunnersAPI",
+    "RunnersOptionalAPI",
     "StreamLike",
     "StreamRace",
     "SyncDuringCapture",
@@ -136,5 +142,7 @@ __all__ = [
     "device_names",
     "get_clause",
     "get_device",
+    "machinery_modules",
     "register_device",
+    "register_machinery",
 ]

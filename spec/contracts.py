@@ -19,10 +19,12 @@ from .runner_config import RunnerConfig
 
 __all__ = [
     "BREAKABLE_NAMES",
+    "BREAKABLE_OPTIONAL_NAMES",
     "REGISTRY_NAMES",
     "RUNNER_NAMES",
     "RUNNER_OPTIONAL_NAMES",
     "BreakableAPI",
+    "BreakableOptionalAPI",
     "ForwardBatchLike",
     "GraphRunner",
     "GraphTarget",
@@ -196,13 +198,21 @@ class RegistryAPI(Protocol):
 
 
 class BreakableAPI(Protocol):
-    """What a ``breakable`` part provides: ``impl``'s breakable-graph names and semantics
-    (``BCG-*``)."""
+    """What a ``breakable`` part provides at least: ``impl``'s breakable-graph names and
+    semantics (``BCG-*``)."""
 
     BreakableCUDAGraph: Any
     BreakableCUDAGraphCapture: Any
-    break_graph: Any
     eager_on_graph: Any
+
+
+class BreakableOptionalAPI(Protocol):
+    """Breakable names a ``breakable`` part may add (engines differ: vLLM's breakable graph has
+    none of them); tests needing one it lacks are skipped with the name. Keyword arguments a
+    part may leave out are probed the same way: ``eager_on_graph(capture_stub=)``,
+    ``BreakableCUDAGraphCapture(barrier_fn=, capture_error_mode=)``."""
+
+    break_graph: Any
     enable_breakable_cuda_graph: Any
     get_replay_id: Any
     get_replay_stream: Any
@@ -210,23 +220,24 @@ class BreakableAPI(Protocol):
 
 
 class RunnersAPI(Protocol):
-    """What a ``runners`` part provides at least: a decode runner class built as
-    ``CudaGraphRunner(model_runner, capture_bs=sizes, **options)`` (the shim of one release;
-    ``CudaGraphRunner(target, ...)`` is the contract), with the gate ``runner(batch)``,
-    :class:`GraphRunner`'s ``decide`` and ``run``, ``can_run``, ``replay``, ``stats`` and
-    ``graphs`` (``RUN-*``)."""
-
-    CudaGraphRunner: Any
+    """What a ``runners`` part provides at least: nothing by name. Each runner is optional
+    (:class:`RunnersOptionalAPI`); a scenario plugs the ones it needs into ``impl.ModelRunner``
+    and skips, naming the missing one, where the part lacks it (``RUN-*``)."""
 
 
 class RunnersOptionalAPI(Protocol):
-    """Runner names a ``runners`` part may add (the breakable prefill runner, the manager);
-    tests needing one it lacks are skipped with the name."""
+    """Runner names a ``runners`` part may provide; tests needing one it lacks are skipped with
+    the name. ``CudaGraphRunner``: a decode runner class built as
+    ``CudaGraphRunner(model_runner, capture_bs=sizes, **options)`` (``CudaGraphRunner(target,
+    ...)`` is the contract), with the gate ``runner(batch)``, :class:`GraphRunner`'s ``decide``
+    and ``run``, ``can_run``, ``replay``, ``stats`` and ``graphs``; ``BreakableCudaGraphRunner``:
+    the breakable prefill runner; the rest: the vLLM-style manager."""
 
     BatchDescriptor: Any
     BreakableCudaGraphRunner: Any
     CUDAGraphMode: Any
     CudaGraphManager: Any
+    CudaGraphRunner: Any
     CudagraphDispatcher: Any
 
 
@@ -237,5 +248,6 @@ def api_names(protocol: type) -> tuple[str, ...]:
 
 REGISTRY_NAMES: Final = api_names(RegistryAPI)
 BREAKABLE_NAMES: Final = api_names(BreakableAPI)
+BREAKABLE_OPTIONAL_NAMES: Final = api_names(BreakableOptionalAPI)
 RUNNER_NAMES: Final = api_names(RunnersAPI)
 RUNNER_OPTIONAL_NAMES: Final = api_names(RunnersOptionalAPI)

@@ -52,3 +52,19 @@ def test_load_backend_names_a_third_party_backend_and_shares_its_device() -> Non
     assert fresh.device is not backend.device and fresh.registry is backend.registry
     with pytest.raises(MissingPart):
         _ = fresh.breakable
+
+
+def test_a_runners_part_without_the_decode_runner_is_accepted() -> None:
+    """Every runner is optional: a runners part with only a breakable prefill runner is a
+    backend, and the scenarios needing the decode runner skip, naming it."""
+    import impl
+    from conformance import RUNNER_NAMES
+    from conformance.scenarios import optional_runner
+
+    runners = SimpleNamespace(BreakableCudaGraphRunner=impl.BreakableCudaGraphRunner)
+    backend = Adapter(device=fakes.FakeDevice, runners=runners, name="prefill-only")
+    assert RUNNER_NAMES == () and backend.parts() == ("runners",)
+    assert backend.part("runners") is runners
+    assert optional_runner(runners, "BreakableCudaGraphRunner") is impl.BreakableCudaGraphRunner
+    with pytest.raises(pytest.skip.Exception, match="CudaGraphRunner"):
+        optional_runner(runners, "CudaGraphRunner")

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -128,6 +129,15 @@ def test_fake_matches_cuda(
 ) -> None:
     on_fake = run_on_fake(fake, program, seed0, seed1, replays)
     on_cuda = run_on_cuda(program, seed0, seed1, replays)
+    assert_agree(program, on_fake, on_cuda)
+    compared["programs"] += 1
+    compared["integer" if program.integer_only else "float"] += 1
+    compared["replays"] += replays
+
+
+def assert_agree(program: Program, on_fake: list[torch.Tensor],
+                 on_cuda: list[torch.Tensor]) -> None:
+    """The results of :func:`run_on_fake` and :func:`run_on_cuda` for ``program`` agree."""
     assert len(on_fake) == len(on_cuda)
     names = [f"output {i}" for i in range(len(program.outputs))]
     names += [f"input r{i}" for i in range(len(program.inputs))]
@@ -144,9 +154,87 @@ def test_fake_matches_cuda(
         else:
             # Integer and bool registers never depend on computed floats: exact everywhere.
             assert torch.equal(f, c), f"{name}: fake\n{f}\nCUDA\n{c}\n{program}"
+
+
+# Engines capture under inference mode (vLLM does), where the autograd keys are skipped and
+# composite ops (``Tensor.to``, ``contiguous``, ``matmul``) reach a dispatch mode unsplit: the
+# fake must still record the kernels CUDA captures for them.
+
+
+@pytest.mark.clause("FAKE-3", "RPL-1")
+@given(program=programs(), seed0=seeds, seed1=seeds, replays=st.integers(1, 2))
+def test_programs_captured_under_inference_mode_match_cuda(
+    fake: fakes.FakeDevice,
+    compared: Counter[str],
+    program: Program,
+    seed0: int,
+    seed1: int,
+    replays: int,
+) -> None:
+    with torch.inference_mode():
+        on_fake = run_on_fake(fake, program, seed0, seed1, replays)
+        on_cuda = run_on_cuda(program, seed0, seed1, replays)
+    assert_agree(program, on_fake, on_cuda)
     compared["programs"] += 1
     compared["integer" if program.integer_only else "float"] += 1
     compared["replays"] += replays
+
+
+def _layers(x: torch.Tensor, weights: list[torch.Tensor]) -> torch.Tensor:
+    """Layers of: matmul in float32, softmax, residual add, cast back to ``x``'s dtype."""
+    h = x
+    for w in weights:
+        scores = torch.softmax(h.to(torch.float32) @ w, dim=-1)
+        h = (h.float() + scores).to(x.dtype)
+    return h
+
+
+def _layers_replayed(device: Any, weights: list[torch.Tensor],
+                     inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`_layers` captured on ``device`` (the fake, or ``torch.cuda``) with ``inputs[0]``
+    in its static buffer, replayed on each later input; every replay checked against eager on
+    the same device, and the replays' results on the CPU."""
+    on = torch.device("cuda") if device is torch.cuda else device.device
+    weights = [w.to(on) for w in weights]
+    static = inputs[0].to(on, copy=True)
+    stream = device.Stream()
+    # Warm up on the capture stream: lazy cuBLAS initialisation must not happen in a capture.
+    stream.wait_stream(device.current_stream())
+    with device.stream(stream):
+        _layers(static.clone(), weights)
+    device.current_stream().wait_stream(stream)
+    graph = device.CUDAGraph()
+    with device.graph(graph, stream=stream):
+        out = _layers(static, weights)
+    results = []
+    for new in inputs[1:]:
+        static.copy_(new)
+        graph.replay()
+        torch.testing.assert_close(out, _layers(static, weights), rtol=0, atol=0)
+        results.append(out.to("cpu", copy=True))
+    device.synchronize()
+    return results
+
+
+@pytest.mark.clause("FAKE-3", "RPL-1")
+@pytest.mark.parametrize("grad_mode", ["inference_mode", "no_grad"])
+def test_layers_captured_under_a_grad_mode_match_cuda(
+    fake: fakes.FakeDevice, grad_mode: str
+) -> None:
+    """A few float32 layers between bfloat16 activations, captured under ``grad_mode``: each
+    device's replays equal its eager runs, and the fake's equal CUDA's within bfloat16's
+    rounding (one cast may round the other way)."""
+    g = torch.Generator().manual_seed(0)
+    weights = [torch.randn(16, 16, generator=g) / 4 for _ in range(3)]
+    inputs = [torch.randn(8, 16, generator=g).to(torch.bfloat16) for _ in range(3)]
+    with torch.inference_mode() if grad_mode == "inference_mode" else torch.no_grad():
+        on_fake = _layers_replayed(fake, weights, inputs)
+        on_cuda = _layers_replayed(torch.cuda, weights, inputs)
+    for i, (f, c) in enumerate(zip(on_fake, on_cuda, strict=True)):
+        torch.testing.assert_close(
+            f, c, rtol=2e-2, atol=2e-2,
+            msg=lambda m, i=i: f"{grad_mode}, replay {i}: fake vs CUDA: {m}",
+        )
 
 
 @pytest.mark.clause("RUN-11", "FAKE-3")

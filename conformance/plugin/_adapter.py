@@ -11,10 +11,12 @@ Parts, and the names each must provide (a module, a class instance or a ``Simple
 
 - ``device``: a zero-argument factory of a :class:`spec.DeviceModule` (the fake, CUDA, yours).
 - ``registry``: :data:`REGISTRY_NAMES`, derived from :class:`spec.RegistryAPI`.
-- ``breakable``: :data:`BREAKABLE_NAMES`, derived from :class:`spec.BreakableAPI`.
-- ``runners``: :data:`RUNNER_NAMES`, derived from :class:`spec.RunnersAPI` (a decode runner
-  class shaped like :class:`impl.CudaGraphRunner`), optionally ``BreakableCudaGraphRunner``
-  and the manager names (:data:`RUNNER_OPTIONAL_NAMES`); scenarios plug them into
+- ``breakable``: :data:`BREAKABLE_NAMES`, derived from :class:`spec.BreakableAPI`, and
+  optionally :data:`BREAKABLE_OPTIONAL_NAMES` (the replay stream and id, ``break_graph``, the
+  runtime switch) and the keyword arguments ``eager_on_graph(capture_stub=)``,
+  ``BreakableCUDAGraphCapture(barrier_fn=, capture_error_mode=)``: the suite probes them.
+- ``runners``: any of :data:`RUNNER_OPTIONAL_NAMES` (the decode runner ``CudaGraphRunner``,
+  ``BreakableCudaGraphRunner``, the manager names); scenarios plug them into
   ``impl.ModelRunner`` over the reference models and KV cache, and skip, naming what is
   missing, the ones they need.
 
@@ -31,6 +33,7 @@ from spec import contracts
 
 __all__ = [
     "BREAKABLE_NAMES",
+    "BREAKABLE_OPTIONAL_NAMES",
     "PARTS",
     "REGISTRY_NAMES",
     "RUNNER_NAMES",
@@ -48,10 +51,15 @@ REGISTRY_NAMES: Final = contracts.REGISTRY_NAMES
 """What a ``registry`` part provides: :class:`spec.RegistryAPI`'s names (``REG-*``, ``POOL-*``)."""
 
 BREAKABLE_NAMES: Final = contracts.BREAKABLE_NAMES
-"""What a ``breakable`` part provides: :class:`spec.BreakableAPI`'s names (``BCG-*``)."""
+"""What a ``breakable`` part provides at least: :class:`spec.BreakableAPI`'s names (``BCG-*``)."""
+
+BREAKABLE_OPTIONAL_NAMES: Final = contracts.BREAKABLE_OPTIONAL_NAMES
+"""Breakable names a part may add (``spec.contracts.BreakableOptionalAPI``); tests needing one
+it lacks are skipped with the name."""
 
 RUNNER_NAMES: Final = contracts.RUNNER_NAMES
-"""What a ``runners`` part provides at least: :class:`spec.RunnersAPI`'s names (``RUN-*``)."""
+"""What a ``runners`` part provides at least: :class:`spec.RunnersAPI`'s names (none: every
+runner is optional)."""
 
 RUNNER_OPTIONAL_NAMES: Final = contracts.RUNNER_OPTIONAL_NAMES
 """Runner names a ``runners`` part may add (``spec.contracts.RunnersOptionalAPI``); tests

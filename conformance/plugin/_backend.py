@@ -42,6 +42,7 @@ Capability = Literal[
     "scratch_tracking",
     "recorded_programs",
     "multi_rank",
+    "break_result_copy",
 ]
 """What a backend can show, beyond the protocol every backend keeps:
 
@@ -83,6 +84,11 @@ Capability = Literal[
   matches every rank's collectives and names a disagreement as
   :class:`spec.CollectiveMismatch` instead of hanging), so the tensor-parallel scenarios
   (``TP-*``) run; on GPUs they run in ``nox -s gpu2`` (one process per GPU, NCCL).
+- ``break_result_copy``: the breakable part's contract for what a break returns is that
+  replay copies it back into the capture-time result (``BCG-6``: the reference and SGLang).
+  Without it the contract is vLLM's: a break writes outputs its caller allocated, in place,
+  and replay discards what it returns; the suite's breaks are then written that way
+  (:func:`conformance.scenarios.make_break`) and the tests of result copying are skipped.
 """
 
 CAPABILITIES: Final[frozenset[str]] = frozenset(get_args(Capability))
@@ -209,6 +215,13 @@ class Backend:
             )
         return device
 
+    def share_device(self, device: DeviceModule) -> None:
+        """Make ``device`` (already built, e.g. by a third party's factory) the run's shared
+        device module; :class:`ValueError` once the run has one."""
+        if self._shared:
+            raise ValueError(f"backend {self.label!r} already has its device")
+        self._shared.append(device)
+
     @property
     def device(self) -> DeviceModule:
         """The run's shared device module (built on first use)."""
@@ -277,7 +290,8 @@ def _fake() -> Backend:
         lambda: spec.get_device("fake"),
         frozenset({"hazard_errors", "exact_capture_errors", "aten_op_names", "unsupported_ops",
                    "node_count", "simulator", "launch_structure", "stream_order",
-                   "scratch_tracking", "recorded_programs", "multi_rank"}),
+                   "scratch_tracking", "recorded_programs", "multi_rank",
+                   "break_result_copy"}),
         registry=impl,
         breakable=impl,
         runners=impl,
@@ -290,7 +304,8 @@ def _cuda() -> Backend:
 
     # CudaDevice maps every capture failure the suite provokes onto its leaf class (checked on
     # an H200 with torch 2.11): exact assertions hold there too.
-    caps = {"backend_errors", "exact_capture_errors", "launch_structure", "scratch_tracking"}
+    caps = {"backend_errors", "exact_capture_errors", "launch_structure", "scratch_tracking",
+            "break_result_copy"}
     try:
         importlib.import_module("cuda.bindings.runtime")
     except ImportError:
@@ -337,7 +352,7 @@ def _third_party(value: str) -> Backend:
             # A device of unknown robustness: keep the run alive if its failures poison it.
             isolate_failures=getattr(made, "isolate_failures", True),
         )
-        backend._shared.append(made)
+        backend.share_device(made)
         return backend
     raise TypeError(
         f"{attr}() returned {type(made).__name__}, expected a conformance.Backend (built with "

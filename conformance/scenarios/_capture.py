@@ -22,6 +22,7 @@ from spec import DeviceModule
 
 from ..mutants import mutant_capture
 from ..plugin._isolation import ScenarioContext, describe_error
+from ._breaks import REFUSALS, RESULT_COPYING, check_refusal_left_nothing_open, make_break
 
 __all__ = [
     "CAPTURE_FAILURES",
@@ -312,8 +313,7 @@ def breakable_failure(
     helper = device.Stream()
     fail = {"case": case}
 
-    @api.eager_on_graph()
-    def double(h: torch.Tensor) -> torch.Tensor:
+    def times2(h: torch.Tensor) -> torch.Tensor:
         if fail["case"] == "user_error_in_break":
             raise _UserError("break body failed")
         if fail["case"] == "nested_in_break":
@@ -322,6 +322,8 @@ def breakable_failure(
         if fail["case"] == "wait_on_eager_stream":
             helper.wait_stream(device.current_stream())  # eager: nothing captures now
         return h * 2
+
+    double = _break(ctx, variant, api, times2)
 
     def model() -> torch.Tensor:
         y = double(x + 1)
@@ -359,12 +361,17 @@ def breakable_failure(
         "completed": error is None,
         "replay_error": None if error is None else describe_error(_replay_error(graph)),
         "hook_restored": device.Stream.__dict__.get("wait_stream") is hook_before,
-        "switch_off": not api.is_in_breakable_cuda_graph(),
+        # The runtime switch is optional (vLLM's breakable graph has none): off where absent.
+        "switch_off": not getattr(api, "is_in_breakable_cuda_graph", lambda: False)(),
         "capturing_after": device.is_current_stream_capturing() or (
             capture_stream is not None and device.is_stream_capturing(capture_stream())
         ),
         "holds_nothing": graph.num_segments == 0 and graph.num_breaks == 0,
     }
+    if error is not None and isinstance(error, REFUSALS) and case == "nested_in_break":
+        # A capture begun inside a break body may be refused loudly (vLLM refuses it before
+        # touching the device, CAP-4 at core): the refusal must leave nothing open.
+        check_refusal_left_nothing_open(device, api)
     # A decorated call after the failure is a plain call again (no capture left active).
     probe = torch.ones(2, device=device.device)
     fail["case"] = "none"
@@ -404,6 +411,17 @@ def _regression_api(ctx: ScenarioContext, variant: str) -> tuple[Any, Any]:
     return impl, mutant_capture(variant)
 
 
+def _break(
+    ctx: ScenarioContext, variant: str, api: Any, compute: Callable[..., torch.Tensor]
+) -> Callable[..., torch.Tensor]:
+    """A break of ``api`` computing ``compute(*args)`` (:func:`conformance.scenarios.make_break`),
+    written to the break contract (``BCG-6``) of the API the scenario runs: the backend's for
+    ``"reference"`` (a context without a backend runs ``impl``'s API), ``impl``'s result copying
+    for a mutant (mutants are variants of ``impl``)."""
+    backend = getattr(ctx, "backend", None) if variant == "reference" else None
+    return make_break(api, backend if backend is not None else RESULT_COPYING, compute)
+
+
 _CHURN = 256  # tensors allocated to take over every freed small block of the stream
 
 
@@ -424,9 +442,10 @@ def break_inputs_across_sizes(ctx: ScenarioContext, variant: str) -> dict[str, A
     stream = device.Stream()
     pool = device.graph_pool_handle()
 
-    @api.eager_on_graph()
-    def scale(h: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
+    def times_meta(h: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
         return h * meta
+
+    scale = _break(ctx, variant, api, times_meta)
 
     def capture_size(n: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
         with device.stream(stream):
@@ -471,13 +490,14 @@ def result_needed_after_later_break(ctx: ScenarioContext, variant: str) -> dict[
     stream = device.Stream()
     n = 16
 
-    @api.eager_on_graph()
-    def times3(h: torch.Tensor) -> torch.Tensor:
+    def by3(h: torch.Tensor) -> torch.Tensor:
         return h * 3
 
-    @api.eager_on_graph()
-    def times5(h: torch.Tensor) -> torch.Tensor:
+    def by5(h: torch.Tensor) -> torch.Tensor:
         return h * 5
+
+    times3 = _break(ctx, variant, api, by3)
+    times5 = _break(ctx, variant, api, by5)
 
     def model(x: torch.Tensor) -> torch.Tensor:
         y1 = times3(x + 1)
@@ -518,13 +538,14 @@ def scratch_across_captures(ctx: ScenarioContext, variant: str) -> dict[str, Any
     n = 16
     churn = _CHURN // 16
 
-    @api.eager_on_graph()
-    def plus_ten(h: torch.Tensor) -> torch.Tensor:
+    def add10(h: torch.Tensor) -> torch.Tensor:
         return h + 10
 
-    @api.eager_on_graph()
-    def scale(h: torch.Tensor, by: torch.Tensor) -> torch.Tensor:
+    def times(h: torch.Tensor, by: torch.Tensor) -> torch.Tensor:
         return h * by
+
+    plus_ten = _break(ctx, variant, api, add10)
+    scale = _break(ctx, variant, api, times)
 
     @api.eager_on_graph()
     def fill_with(buf: torch.Tensor, h: torch.Tensor) -> None:
@@ -575,38 +596,64 @@ def scratch_across_captures(ctx: ScenarioContext, variant: str) -> dict[str, Any
     return {"breaks": graph_a.num_breaks}
 
 
-def fork_across_break(ctx: ScenarioContext, variant: str) -> dict[str, Any]:
+def fork_across_break(
+    ctx: ScenarioContext, variant: str, may_refuse: bool = False
+) -> dict[str, Any]:
     """A side stream forked in segment 0 and joined by the model only after a break
     (``BCG-9``): the capture joins it before segment 0 ends; the model's own join, now of a
-    stream that no longer captures, is a no-op."""
+    stream that no longer captures, is a no-op.
+
+    With ``may_refuse`` an engine without fork tracking may instead refuse the capture loudly
+    (an exception in :data:`conformance.scenarios.REFUSALS`), leaving nothing open
+    (:func:`conformance.scenarios.check_refusal_left_nothing_open`); a model that joins its
+    fork before the break must then capture and replay correctly, and the refusal is reported
+    under ``"refused"``. Without it a refusal propagates."""
     device = ctx.device
     api, capture = _regression_api(ctx, variant)
     side = device.Stream()
 
-    @api.eager_on_graph()
-    def double(h: torch.Tensor) -> torch.Tensor:
+    def times2(h: torch.Tensor) -> torch.Tensor:
         return h * 2
 
-    def model(x: torch.Tensor) -> torch.Tensor:
+    double = _break(ctx, variant, api, times2)
+
+    def model(x: torch.Tensor, *, join_first: bool = False) -> torch.Tensor:
         current = device.current_stream()
         side.wait_stream(current)  # fork
         with device.stream(side):
             a = x * 3  # recorded into segment 0 on the side stream
+        if join_first:
+            current.wait_stream(side)  # joined before the break: no fork is left open
         y = double(x + 1)  # break: the side stream must be joined before segment 0 ends
-        current.wait_stream(side)  # the model's own join, after the break
+        if not join_first:
+            current.wait_stream(side)  # the model's own join, after the break
         return y + a
 
     x = torch.zeros(8, device=device.device)
     graph = api.BreakableCUDAGraph(device)
-    with capture(graph):
-        out = model(x)
+    refused: BaseException | None = None
+    try:
+        with capture(graph):
+            out = model(x)
+    except REFUSALS as exc:
+        if not may_refuse:
+            raise
+        refused = exc
+    if refused is not None:
+        check_refusal_left_nothing_open(device, api)
+        graph = api.BreakableCUDAGraph(device)
+        with capture(graph):
+            out = model(x, join_first=True)
     for start in (1.0, 4.0):
         host = torch.arange(8, dtype=torch.float32) + start
         x.copy_(host)
         graph.replay()
         expected = (host + 1) * 2 + host * 3
         expect_equal(out.cpu(), expected, f"replay with inputs starting at {start}")
-    return {"segments": graph.num_segments, "breaks": graph.num_breaks}
+    result = {"segments": graph.num_segments, "breaks": graph.num_breaks}
+    if refused is not None:
+        result["refused"] = describe_error(refused)
+    return result
 
 
 def _check_churn(churn: list[torch.Tensor], what: str) -> None:

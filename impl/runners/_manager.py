@@ -28,8 +28,9 @@ class CUDAGraphMode(enum.Enum):
     - ``FULL_DECODE_ONLY``: uniform decode batches FULL, everything else NONE.
     - ``FULL_AND_PIECEWISE``: uniform decode batches FULL, everything else PIECEWISE.
 
-    Only ``NONE``, ``PIECEWISE`` and ``FULL`` are valid at run time
-    (:meth:`valid_runtime_modes`); the two others configure a separate decode routine.
+    Only ``NONE``, ``PIECEWISE`` and ``FULL`` are valid at run time (the set
+    :meth:`valid_runtime_modes`, the predicate :meth:`is_valid_runtime_mode`, as in vLLM); the
+    two others configure a separate decode routine.
     """
 
     NONE = 0
@@ -54,9 +55,14 @@ class CUDAGraphMode(enum.Enum):
     def has_piecewise_cudagraphs(self) -> bool:
         return CUDAGraphMode.PIECEWISE in (self.decode_mode(), self.mixed_mode())
 
-    def valid_runtime_modes(self) -> bool:
+    @classmethod
+    def valid_runtime_modes(cls) -> frozenset[CUDAGraphMode]:
+        """The modes one batch may have at run time: ``NONE``, ``PIECEWISE`` and ``FULL``."""
+        return frozenset({cls.NONE, cls.PIECEWISE, cls.FULL})
+
+    def is_valid_runtime_mode(self) -> bool:
         """Whether this mode may be the mode of one batch at run time."""
-        return self in (CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
+        return self in CUDAGraphMode.valid_runtime_modes()
 
 
 class BatchDescriptor(NamedTuple):

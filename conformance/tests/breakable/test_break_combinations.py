@@ -1,7 +1,11 @@
 """Breakable-graph combinations the other breakable tests never try (mutation testing,
 ``nox -s mutants -- breakable``): a break called with keyword arguments, two side streams forked
 across one break, and results mixing tensors with leaves a graph baked in (numbers, strings,
-``None``) or with parts that are the capture-time object itself."""
+``None``) or with parts that are the capture-time object itself.
+
+Breaks whose result a later segment reads are written to the backend's contract (``BCG-6``,
+:func:`conformance.scenarios.make_break`); the tests of result copying itself need the
+capability ``break_result_copy``."""
 
 from __future__ import annotations
 
@@ -12,8 +16,15 @@ from typing import Any
 import pytest
 import torch
 
+from conformance.scenarios import (
+    REFUSALS,
+    check_refusal_left_nothing_open,
+    copies_results,
+    make_break,
+    optional_breakable,
+    require_keyword,
+)
 from conformance.scenarios import host as _host
-from spec import GraphError
 
 
 def _arange(n: int, start: float = 0.0) -> torch.Tensor:
@@ -22,21 +33,37 @@ def _arange(n: int, start: float = 0.0) -> torch.Tensor:
 
 @pytest.mark.clause("BCG-6")
 @pytest.mark.parametrize("result", ["tensor", "tuple"])
-def test_break_called_with_keyword_arguments(device, breakable_api, result: str) -> None:
-    """Replay calls the break with the capture-time keyword arguments too."""
+def test_break_called_with_keyword_arguments(device, backend, breakable_api, result: str) -> None:
+    """Replay calls the break with the capture-time keyword arguments too. In place, the break
+    writes an output passed as a keyword argument and returns nothing (``tensor``) or a tuple
+    of its arguments (``tuple``)."""
     where = device.device
     meta = torch.full((4,), 3.0, device=where)
+    if copies_results(backend):
+        @breakable_api.eager_on_graph()
+        def scale(h: torch.Tensor, *, m: torch.Tensor, shift: float = 0.0) -> Any:
+            out = h * m + shift
+            return out if result == "tensor" else (out, h)
 
-    @breakable_api.eager_on_graph()
-    def scale(h: torch.Tensor, *, m: torch.Tensor, shift: float = 0.0) -> Any:
-        out = h * m + shift
-        return out if result == "tensor" else (out, h)
+        def call(h: torch.Tensor) -> torch.Tensor:
+            y = scale(h, m=meta, shift=2.0)
+            return y if result == "tensor" else y[0]
+    else:
+        @breakable_api.eager_on_graph()
+        def scale_into(h: torch.Tensor, *, m: torch.Tensor, out: torch.Tensor,
+                       shift: float = 0.0) -> Any:
+            out.copy_(h * m + shift)
+            return None if result == "tensor" else (out, h)
+
+        def call(h: torch.Tensor) -> torch.Tensor:
+            dest = torch.empty_like(h)
+            y = scale_into(h, m=meta, out=dest, shift=2.0)
+            return dest if result == "tensor" else y[0]
 
     x = torch.zeros(4, device=where)
     graph = breakable_api.BreakableCUDAGraph(device)
     with breakable_api.BreakableCUDAGraphCapture(graph):
-        y = scale(x + 1, m=meta, shift=2.0)
-        out = (y if result == "tensor" else y[0]) + 1
+        out = call(x + 1) + 1
     for start in (1.0, 5.0):
         host = _arange(4, start)
         x.copy_(host)
@@ -45,29 +72,38 @@ def test_break_called_with_keyword_arguments(device, breakable_api, result: str)
 
 
 @pytest.mark.clause("BCG-9")
-def test_two_side_streams_forked_across_one_break_are_both_joined(device, breakable_api) -> None:
-    @breakable_api.eager_on_graph()
+def test_two_side_streams_forked_across_one_break_are_both_joined(
+    device, backend, breakable_api
+) -> None:
+    """Both forks left open across one break are joined at the break, or the capture refuses
+    them loudly (leaving nothing open)."""
+
     def double(h: torch.Tensor) -> torch.Tensor:
         return h * 2
 
+    double = make_break(breakable_api, backend, double)
     first, second = device.Stream(), device.Stream()
     x = torch.zeros(8, device=device.device)
     graph = breakable_api.BreakableCUDAGraph(device)
     capturing: dict[str, bool] = {}
-    with breakable_api.BreakableCUDAGraphCapture(graph):
-        current = device.current_stream()
-        first.wait_stream(current)
-        second.wait_stream(current)
-        with device.stream(first):
-            a = x * 3
-        with device.stream(second):
-            b = x + 7
-        y = double(x + 1)
-        capturing["first"] = device.is_stream_capturing(first)
-        capturing["second"] = device.is_stream_capturing(second)
-        current.wait_stream(first)
-        current.wait_stream(second)
-        out = y + a + b
+    try:
+        with breakable_api.BreakableCUDAGraphCapture(graph):
+            current = device.current_stream()
+            first.wait_stream(current)
+            second.wait_stream(current)
+            with device.stream(first):
+                a = x * 3
+            with device.stream(second):
+                b = x + 7
+            y = double(x + 1)
+            capturing["first"] = device.is_stream_capturing(first)
+            capturing["second"] = device.is_stream_capturing(second)
+            current.wait_stream(first)
+            current.wait_stream(second)
+            out = y + a + b
+    except REFUSALS:
+        check_refusal_left_nothing_open(device, breakable_api)
+        return  # refused loudly at capture: allowed at core
     assert capturing == {"first": False, "second": False}, f"still capturing: {capturing}"
     for start in (1.0, 4.0):
         host = _arange(8, start)
@@ -83,21 +119,24 @@ class _Slotted:
         self.value, self.label = value, label
 
 
-def _captured_or_refused(api: Any, graph: Any, record: Any, *, may_refuse: bool) -> Any:
+def _captured_or_refused(
+    device: Any, api: Any, graph: Any, record: Any, *, may_refuse: bool
+) -> Any:
     """``record()`` captured into ``graph``; ``None`` when the capture raised and ``may_refuse``
-    (BCG-6 core: a result kind an engine does not copy may be refused loudly at capture)."""
+    (BCG-6 core: a result kind an engine does not copy may be refused loudly at capture,
+    leaving nothing open)."""
     try:
         with api.BreakableCUDAGraphCapture(graph):
             return record()
     except REFUSALS:
         if may_refuse:
+            check_refusal_left_nothing_open(device, api)
             return None
         raise
 
 
 # Result kinds an engine may refuse at capture at core (BCG-6); supported at strict. A refusal
-# is one of these errors (an AttributeError or KeyError from the engine is a bug).
-REFUSALS = (TypeError, ValueError, NotImplementedError, GraphError)
+# is one of REFUSALS (an AttributeError or KeyError from the engine is a bug).
 _REFUSABLE = frozenset({"nested", "slots", "one-slot", "unset-slot"})
 
 
@@ -128,7 +167,7 @@ def _parts_copied(device: Any, api: Any, kind: str, *, may_refuse: bool) -> None
     x = torch.zeros(4, device=where)
     graph = api.BreakableCUDAGraph(device)
     out = _captured_or_refused(
-        api, graph, lambda: unpack(split(x + 1)) + 1, may_refuse=may_refuse
+        device, api, graph, lambda: unpack(split(x + 1)) + 1, may_refuse=may_refuse
     )
     if out is None:
         return
@@ -141,6 +180,7 @@ def _parts_copied(device: Any, api: Any, kind: str, *, may_refuse: bool) -> None
 
 
 @pytest.mark.clause("BCG-6")
+@pytest.mark.capability("break_result_copy")
 @pytest.mark.parametrize("kind", ["nested", "leaves", "slots", "same-part"])
 def test_result_parts_are_copied_and_leaves_are_left(device, breakable_api, kind: str) -> None:
     """Tensors nested in lists in dicts are copied; numbers, strings and ``None`` beside them
@@ -179,7 +219,8 @@ def _object_copied(device: Any, api: Any, kind: str, *, may_refuse: bool) -> Non
 
     x = torch.zeros(4, device=device.device)
     graph = api.BreakableCUDAGraph(device)
-    out = _captured_or_refused(api, graph, lambda: wrap(x + 1).value + 1, may_refuse=may_refuse)
+    out = _captured_or_refused(device, api, graph, lambda: wrap(x + 1).value + 1,
+                               may_refuse=may_refuse)
     if out is None:
         return
     for start in (1.0, 6.0):
@@ -190,6 +231,7 @@ def _object_copied(device: Any, api: Any, kind: str, *, may_refuse: bool) -> Non
 
 
 @pytest.mark.clause("BCG-6")
+@pytest.mark.capability("break_result_copy")
 @pytest.mark.parametrize("kind", ["one-slot", "unset-slot", "cyclic"])
 def test_result_objects_of_unusual_shapes_are_copied(device, breakable_api, kind: str) -> None:
     """Objects are copied field-wise whatever their shape: ``__slots__`` given as one string, a
@@ -200,6 +242,7 @@ def test_result_objects_of_unusual_shapes_are_copied(device, breakable_api, kind
 
 @pytest.mark.strict
 @pytest.mark.clause("BCG-6")
+@pytest.mark.capability("break_result_copy")
 @pytest.mark.parametrize("kind", sorted(_REFUSABLE))
 def test_results_of_every_shape_are_supported(device, breakable_api, kind: str) -> None:
     if kind in ("nested", "slots"):
@@ -233,15 +276,16 @@ def test_break_with_keyword_arguments_writing_into_one(device, breakable_api) ->
 
 @pytest.mark.clause("BCG-9", "BCG-2")
 def test_fork_joined_in_its_segment_and_streams_ordered_in_a_break_body(
-    device, breakable_api
+    device, backend, breakable_api
 ) -> None:
     """Waits the tracking leaves alone: a fork joined back inside its own segment (both streams
-    capturing), and a break body ordering its own helper stream eagerly (neither capturing)."""
+    capturing), and a break body ordering its own helper stream eagerly (neither capturing). A
+    model that joins its fork before the break captures and replays, whatever the engine does
+    with forks left open."""
     where = device.device
     side, helper = device.Stream(), device.Stream()
     scratch = torch.zeros(4, device=where)
 
-    @breakable_api.eager_on_graph()
     def staged(h: torch.Tensor) -> torch.Tensor:
         current = device.current_stream()
         helper.wait_stream(current)
@@ -249,6 +293,8 @@ def test_fork_joined_in_its_segment_and_streams_ordered_in_a_break_body(
             scratch.copy_(h * 2)
         current.wait_stream(helper)
         return scratch + 1
+
+    staged = make_break(breakable_api, backend, staged)
 
     x = torch.zeros(4, device=where)
     graph = breakable_api.BreakableCUDAGraph(device)
@@ -267,11 +313,14 @@ def test_fork_joined_in_its_segment_and_streams_ordered_in_a_break_body(
 
 
 @pytest.mark.clause("BCG-9", "FAKE-9")
-def test_another_threads_streams_during_a_thread_local_capture(device, breakable_api) -> None:
+def test_another_threads_streams_during_a_thread_local_capture(
+    device, backend, breakable_api
+) -> None:
     """While a breakable capture in ``thread_local`` mode has a segment open, another thread
     orders two streams of the same device with ``wait_stream`` and synchronizes one: its calls
     are not the capture's (they pass the fork tracking unchanged), and its syncs are allowed in
-    that mode."""
+    that mode (where the part takes ``capture_error_mode=``)."""
+    require_keyword(breakable_api.BreakableCUDAGraphCapture, "capture_error_mode")
     where = device.device
     first, second = device.Stream(), device.Stream()
     src, dst = torch.zeros(4, device=where), torch.zeros(4, device=where)
@@ -289,10 +338,10 @@ def test_another_threads_streams_during_a_thread_local_capture(device, breakable
         except BaseException as error:  # reported by the test's thread
             errors.append(error)
 
-    @breakable_api.eager_on_graph()
     def double(h: torch.Tensor) -> torch.Tensor:
         return h * 2
 
+    double = make_break(breakable_api, backend, double)
     x = torch.zeros(4, device=where)
     graph = breakable_api.BreakableCUDAGraph(device)
     with breakable_api.BreakableCUDAGraphCapture(graph, capture_error_mode="thread_local"):
@@ -310,17 +359,21 @@ def test_another_threads_streams_during_a_thread_local_capture(device, breakable
 
 
 @pytest.mark.clause("ORD-6", "BCG-3")
-def test_capture_runs_on_the_stream_it_is_given(device, breakable_api) -> None:
+def test_capture_runs_on_the_stream_it_is_given(device, backend, breakable_api) -> None:
     """With ``stream=``, the segments capture on that stream and the breaks run on it: it is
-    current for the body and for the capture-time call of a break."""
+    current for the body and for the capture-time call of a break, and
+    ``get_replay_stream()`` (where the part has it) says so."""
     given = device.Stream()
     seen: dict[str, Any] = {}
+    replay_stream_of = getattr(breakable_api, "get_replay_stream", None)
 
-    @breakable_api.eager_on_graph()
     def probe(h: torch.Tensor) -> torch.Tensor:
         seen.setdefault("break", device.current_stream())
-        seen.setdefault("replay stream", breakable_api.get_replay_stream())
+        if replay_stream_of is not None:
+            seen.setdefault("replay stream", replay_stream_of())
         return h + 1
+
+    probe = make_break(breakable_api, backend, probe)
 
     x = torch.zeros(4, device=device.device)
     graph = breakable_api.BreakableCUDAGraph(device)
@@ -363,9 +416,10 @@ def test_hook_restores_a_stream_class_that_defines_wait_stream(
     monkeypatch.setattr(device, "Stream", cls)
     side = device.Stream()
 
-    @breakable_api.eager_on_graph()
     def double(h: torch.Tensor) -> torch.Tensor:
         return h * 2
+
+    double = make_break(breakable_api, backend, double)
 
     x = torch.zeros(4, device=device.device)
     graph = breakable_api.BreakableCUDAGraph(device)
@@ -419,8 +473,8 @@ def test_decorated_function_wraps_the_original(breakable_api) -> None:
 @pytest.mark.clause("BCG-11")
 def test_switch_restores_each_level_of_a_deep_nesting(breakable_api) -> None:
     """Three nested uses: leaving each level restores the value seen on entering it."""
-    switch = breakable_api.enable_breakable_cuda_graph
-    is_in = breakable_api.is_in_breakable_cuda_graph
+    switch = optional_breakable(breakable_api, "enable_breakable_cuda_graph")
+    is_in = optional_breakable(breakable_api, "is_in_breakable_cuda_graph")
     seen = []
     with switch():
         with switch():
@@ -438,14 +492,15 @@ def test_switch_restores_each_level_of_a_deep_nesting(breakable_api) -> None:
 @pytest.mark.strict
 @pytest.mark.clause("BCG-1", "CUDA-3")
 @pytest.mark.capability("node_count")
-def test_keep_graph_is_kept_and_segments_can_be_counted(device, breakable_api) -> None:
+def test_keep_graph_is_kept_and_segments_can_be_counted(device, backend, breakable_api) -> None:
     """``keep_graph`` defaults to ``False``; with ``keep_graph=True`` every segment is built so
     that ``graph_node_count`` counts its work."""
     assert breakable_api.BreakableCUDAGraph(device).keep_graph is False
 
-    @breakable_api.eager_on_graph()
     def double(h: torch.Tensor) -> torch.Tensor:
         return h * 2
+
+    double = make_break(breakable_api, backend, double)
 
     x = torch.ones(8, device=device.device)
     graph = breakable_api.BreakableCUDAGraph(device, keep_graph=True)

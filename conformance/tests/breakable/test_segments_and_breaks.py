@@ -2,7 +2,11 @@
 nesting, the switch, pools.
 
 Every test runs the breakable API under test, from the ``breakable_api`` fixture (``impl`` on
-the reference backends); functions become breaks through its ``eager_on_graph``."""
+the reference backends); functions become breaks through its ``eager_on_graph``. A break whose
+result a later segment reads is written to the backend's contract (``BCG-6``,
+:func:`conformance.scenarios.make_break`): it returns a fresh result where the backend copies
+results back (``break_result_copy``), and writes an output allocated in the segment in place
+otherwise. The tests of result copying itself need that capability."""
 
 from __future__ import annotations
 
@@ -15,8 +19,16 @@ import pytest
 import torch
 
 from conformance.mutants import mutant_api
+from conformance.scenarios import (
+    REFUSALS,
+    check_refusal_left_nothing_open,
+    copies_results,
+    make_break,
+    optional_breakable,
+    require_keyword,
+)
 from conformance.scenarios import host as _host
-from spec import GraphError, PoolClobber
+from spec import PoolClobber
 
 
 def _arange(n: int, start: float = 0.0) -> torch.Tensor:
@@ -24,14 +36,14 @@ def _arange(n: int, start: float = 0.0) -> torch.Tensor:
 
 
 @pytest.fixture(scope="session")
-def times10(breakable_api):
-    """A break computing ``h * 10``, decorated by the breakable API under test."""
+def times10(backend, breakable_api):
+    """A break computing ``h * 10``, decorated by the breakable API under test and written to
+    the backend's break contract."""
 
-    @breakable_api.eager_on_graph()
     def times10(h: torch.Tensor) -> torch.Tensor:
         return h * 10
 
-    return times10
+    return make_break(breakable_api, backend, times10)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,20 +125,33 @@ def test_replay_order_is_segment_break_segment(device, breakable_api) -> None:
     assert replayed == eager, f"replay observed {replayed}, eager {eager}"
 
 
-def _replay_on_a_side_stream(device: Any, api: Any) -> dict[str, Any]:
-    """A graph whose break records ``(get_replay_stream(), get_replay_id())`` at each call,
-    captured once and replayed twice on a side stream; what the break saw, and the values."""
-    seen: list[tuple[object, int | None]] = []
+def _replay_on_a_side_stream(
+    device: Any, api: Any, backend: Any, *, replay_ids: bool = False
+) -> dict[str, Any]:
+    """A graph whose break records, at each call, the stream current in it, what
+    ``get_replay_stream()`` says (where the part has it) and, with ``replay_ids``,
+    ``get_replay_id()``; captured once and replayed twice on a side stream. What the break saw,
+    and the values."""
+    replay_stream_of = getattr(api, "get_replay_stream", None)
+    seen: list[dict[str, Any]] = []
 
-    @api.eager_on_graph()
+    def probe() -> dict[str, Any]:
+        found: dict[str, Any] = {"current": device.current_stream()}
+        if replay_stream_of is not None:
+            found["replay stream"] = replay_stream_of()
+        if replay_ids:
+            found["replay id"] = api.get_replay_id()
+        return found
+
     def where(h: torch.Tensor) -> torch.Tensor:
-        seen.append((api.get_replay_stream(), api.get_replay_id()))
+        seen.append(probe())
         return h + 1
 
+    brk = make_break(api, backend, where)
     x = torch.zeros(4, device=device.device)
     graph = api.BreakableCUDAGraph(device)
     with api.BreakableCUDAGraphCapture(graph):
-        out = where(x * 2) * 3
+        out = brk(x * 2) * 3
     result: dict[str, Any] = {"at capture": seen[:]}
     seen.clear()
     replay_stream = device.Stream()
@@ -137,38 +162,56 @@ def _replay_on_a_side_stream(device: Any, api: Any) -> dict[str, Any]:
         graph.replay()
         graph.replay()
     device.current_stream().wait_stream(replay_stream)
+    outside = probe()
+    del outside["current"]
     result.update(
-        replay_stream=replay_stream, at_replay=seen[:],
-        outside=(api.get_replay_stream(), api.get_replay_id()),
+        replay_stream=replay_stream, at_replay=seen[:], outside=outside,
         got=_host(out), expected=_host((host * 2 + 1) * 3),
     )
     return result
 
 
+def _is(stream: Any, expected: Any) -> bool:
+    return stream is expected or stream == expected
+
+
 @pytest.mark.clause("BCG-2", "BCG-3")
-def test_replay_runs_on_the_current_stream(device, breakable_api) -> None:
-    seen = _replay_on_a_side_stream(device, breakable_api)
-    streams = [s for s, _ in seen["at_replay"]]
-    assert [s == seen["replay_stream"] for s in streams] == [True, True], (
-        f"break code saw streams {streams}, expected the replay stream"
+def test_replay_runs_on_the_current_stream(device, backend, breakable_api) -> None:
+    """Breaks replay on the stream current at ``replay()``: the stream current inside the
+    break is the replay stream, and so is ``get_replay_stream()`` where the part has it (which
+    is ``None`` outside replay and capture)."""
+    seen = _replay_on_a_side_stream(device, breakable_api, backend)
+    replay_stream = seen["replay_stream"]
+    current = [s["current"] for s in seen["at_replay"]]
+    assert [_is(s, replay_stream) for s in current] == [True, True], (
+        f"break code ran on streams {current}, expected the replay stream {replay_stream}"
     )
-    assert seen["outside"][0] is None, (
-        f"get_replay_stream() outside replay and capture returned {seen['outside'][0]}"
-    )
+    if "replay stream" in seen["outside"]:
+        said = [s["replay stream"] for s in seen["at_replay"]]
+        assert [_is(s, replay_stream) for s in said] == [True, True], (
+            f"get_replay_stream() in the break said {said}, expected the replay stream"
+        )
+        assert seen["outside"]["replay stream"] is None, (
+            "get_replay_stream() outside replay and capture returned "
+            f"{seen['outside']['replay stream']}"
+        )
     assert seen["got"] == seen["expected"], f"got {seen['got']}, expected {seen['expected']}"
 
 
 @pytest.mark.strict
 @pytest.mark.clause("BCG-3")
-def test_replay_id_differs_for_every_replay(device, breakable_api) -> None:
-    seen = _replay_on_a_side_stream(device, breakable_api)
-    at_capture = [i for _, i in seen["at capture"]]
+def test_replay_id_differs_for_every_replay(device, backend, breakable_api) -> None:
+    optional_breakable(breakable_api, "get_replay_id")
+    seen = _replay_on_a_side_stream(device, breakable_api, backend, replay_ids=True)
+    at_capture = [s["replay id"] for s in seen["at capture"]]
     assert at_capture == [0], f"the capture-time call should see replay id 0, saw {at_capture}"
-    ids = [i for _, i in seen["at_replay"]]
+    ids = [s["replay id"] for s in seen["at_replay"]]
     assert None not in ids and ids[0] != ids[1] and min(ids) > 0, (
         f"replay ids {ids}: expected two different positive counters"
     )
-    assert seen["outside"][1] is None, f"get_replay_id() outside replay: {seen['outside'][1]}"
+    assert seen["outside"]["replay id"] is None, (
+        f"get_replay_id() outside replay: {seen['outside']['replay id']}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,24 +259,42 @@ def test_disabled_decorator_records_no_break(device, breakable_api) -> None:
 
 
 @pytest.mark.clause("BCG-5")
-def test_barrier_and_capture_stub(device, breakable_api) -> None:
+def test_barrier_and_capture_stub(device, backend, breakable_api) -> None:
+    """Where the part takes ``capture_stub=`` and ``barrier_fn=``: the capture runs the barrier
+    then the stub in place of the function, replay runs only the function."""
+    api = breakable_api
+    require_keyword(api.eager_on_graph, "capture_stub")
+    require_keyword(api.BreakableCUDAGraphCapture, "barrier_fn")
     events: list[str] = []
+    if copies_results(backend):
+        def stub(h: torch.Tensor) -> torch.Tensor:
+            events.append("stub")
+            return torch.empty_like(h)
 
-    def stub(h: torch.Tensor) -> torch.Tensor:
-        events.append("stub")
-        return torch.empty_like(h)
+        @api.eager_on_graph(capture_stub=stub)
+        def collective(h: torch.Tensor) -> torch.Tensor:
+            events.append("fn")
+            return h * 4
 
-    @breakable_api.eager_on_graph(capture_stub=stub)
-    def collective(h: torch.Tensor) -> torch.Tensor:
-        events.append("fn")
-        return h * 4
+        call = collective
+    else:  # in place: the stub stands for a call writing the caller's output
+        def stub_into(out: torch.Tensor, h: torch.Tensor) -> None:
+            events.append("stub")
+
+        @api.eager_on_graph(capture_stub=stub_into)
+        def collective_into(out: torch.Tensor, h: torch.Tensor) -> None:
+            events.append("fn")
+            out.copy_(h * 4)
+
+        def call(h: torch.Tensor) -> torch.Tensor:
+            out = torch.empty_like(h)
+            collective_into(out, h)
+            return out
 
     x = torch.zeros(4, device=device.device)
-    graph = breakable_api.BreakableCUDAGraph(device)
-    with breakable_api.BreakableCUDAGraphCapture(
-        graph, barrier_fn=lambda: events.append("barrier")
-    ):
-        y = collective(x + 1)
+    graph = api.BreakableCUDAGraph(device)
+    with api.BreakableCUDAGraphCapture(graph, barrier_fn=lambda: events.append("barrier")):
+        y = call(x + 1)
         out = y - 1
     assert events == ["barrier", "stub"], f"capture ran {events}, expected barrier then stub"
     events.clear()
@@ -246,12 +307,13 @@ def test_barrier_and_capture_stub(device, breakable_api) -> None:
 
 @pytest.mark.clause("BCG-13")
 def test_break_graph_splits_with_an_empty_break(device, breakable_api) -> None:
-    breakable_api.break_graph()  # outside a capture: nothing happens
+    break_graph = optional_breakable(breakable_api, "break_graph")
+    break_graph()  # outside a capture: nothing happens
     x = torch.zeros(4, device=device.device)
     graph = breakable_api.BreakableCUDAGraph(device)
     with breakable_api.BreakableCUDAGraphCapture(graph):
         h = x + 1
-        breakable_api.break_graph()
+        break_graph()
         out = h * 2
     assert (graph.num_segments, graph.num_breaks) == (2, 1)
     host = _arange(4, 3.0)
@@ -313,8 +375,8 @@ def _unpack(kind: str, r: object) -> torch.Tensor:
 
 # Result and argument kinds an engine may refuse at capture instead of supporting (BCG-6 core);
 # what it must never do is replay them with stale capture-time values. A refusal is one of
-# these errors (an AttributeError or KeyError from the engine is a bug, not a refusal).
-REFUSALS = (TypeError, ValueError, NotImplementedError, GraphError)
+# REFUSALS (an AttributeError or KeyError from the engine is a bug, not a refusal) and leaves
+# nothing open.
 _REFUSABLE_RESULTS = ("nested", "slots")
 
 
@@ -330,7 +392,7 @@ def _result_copied_back(device: Any, api: Any, kind: str, *, may_refuse: bool) -
             out = _unpack(kind, split(x + 1)) + 1
     except REFUSALS:
         if may_refuse:
-            assert not device.is_current_stream_capturing(), "the refusal left a capture open"
+            check_refusal_left_nothing_open(device, api)
             return  # refused loudly at capture: allowed for this kind at core
         raise
     for start in (1.0, 6.0):
@@ -342,27 +404,47 @@ def _result_copied_back(device: Any, api: Any, kind: str, *, may_refuse: bool) -
 
 
 @pytest.mark.clause("BCG-6")
+@pytest.mark.capability("break_result_copy")
 @pytest.mark.parametrize(
     "kind", ["tensor", "tuple", "list", "dict", "dataclass", "object", *_REFUSABLE_RESULTS]
 )
 def test_result_is_copied_in_place(device, breakable_api, kind: str) -> None:
     """Every result kind replays with this replay's values; a nested container or an object
-    with ``__slots__`` may instead be refused at capture."""
+    with ``__slots__`` may instead be refused at capture (loudly, leaving nothing open)."""
     _result_copied_back(device, breakable_api, kind, may_refuse=kind in _REFUSABLE_RESULTS)
 
 
 @pytest.mark.strict
 @pytest.mark.clause("BCG-6")
+@pytest.mark.capability("break_result_copy")
 @pytest.mark.parametrize("kind", _REFUSABLE_RESULTS)
 def test_nested_and_slotted_results_are_copied_in_place(device, breakable_api, kind: str) -> None:
     _result_copied_back(device, breakable_api, kind, may_refuse=False)
 
 
 @pytest.mark.clause("BCG-6")
-def test_result_that_is_the_destination_and_none_results(device, breakable_api) -> None:
+@pytest.mark.parametrize(
+    "returned",
+    [pytest.param("the destination", marks=pytest.mark.capability("break_result_copy")),
+     "an argument"],
+)
+def test_result_that_is_the_destination_and_none_results(
+    device, breakable_api, returned: str
+) -> None:
+    """Breaks whose result needs no copy: ``the destination`` (result copying) mutates its
+    argument and returns it, so the copy back is onto itself; ``an argument`` (either
+    contract) writes a buffer its caller allocated in the segment and returns that buffer, as
+    vLLM's indexer does. Both are followed by a break that writes into an argument and returns
+    ``None``; later segments read what the breaks wrote."""
+
     @breakable_api.eager_on_graph()
     def in_place(h: torch.Tensor) -> torch.Tensor:
         return h.mul_(5)  # the result *is* the argument: nothing to copy
+
+    @breakable_api.eager_on_graph()
+    def indexer(buf: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        buf.copy_(h * 5)
+        return buf  # the buffer it was passed
 
     @breakable_api.eager_on_graph()
     def into(dest: torch.Tensor, src: torch.Tensor) -> None:
@@ -373,14 +455,18 @@ def test_result_that_is_the_destination_and_none_results(device, breakable_api) 
     graph = breakable_api.BreakableCUDAGraph(device)
     with breakable_api.BreakableCUDAGraphCapture(graph):
         h = x + 1
-        h = in_place(h)
+        if returned == "the destination":
+            h = in_place(h)
+        else:
+            h = indexer(torch.empty_like(h), h)
         into(buf, h)
         out = buf * 2
     assert graph.num_breaks == 2
-    host = _arange(4, 2.0)
-    x.copy_(host)
-    graph.replay()
-    assert _host(out) == _host(((host + 1) * 5 + 100) * 2), f"got {_host(out)}"
+    for start in (2.0, 7.0):
+        host = _arange(4, start)
+        x.copy_(host)
+        graph.replay()
+        assert _host(out) == _host(((host + 1) * 5 + 100) * 2), f"got {_host(out)}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,17 +474,20 @@ def test_result_that_is_the_destination_and_none_results(device, breakable_api) 
 # ---------------------------------------------------------------------------------------------
 
 
-def _scale_through_a_break(device: Any, api: Any) -> tuple[Any, torch.Tensor, torch.Tensor, dict]:
+def _scale_through_a_break(
+    device: Any, api: Any, backend: Any
+) -> tuple[Any, torch.Tensor, torch.Tensor, dict]:
     """``(x + 1) * meta + 1`` with the multiplication as a break, where the caller keeps only
     the graph, ``x`` and ``out``: weak references to ``meta`` (made outside the capture), the
-    segment output ``h`` and the break result ``y`` come back with them."""
+    segment output ``h`` and the break result ``y`` (in place: the output the segment allocated
+    and the break writes) come back with them."""
     x = torch.zeros(4, device=device.device)
     meta = torch.full((4,), 3.0, device=device.device)
 
-    @api.eager_on_graph()
     def scale(h: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         return h * m
 
+    scale = make_break(api, backend, scale)
     graph = api.BreakableCUDAGraph(device)
     with api.BreakableCUDAGraphCapture(graph):
         h = x + 1  # a segment's output
@@ -410,8 +499,10 @@ def _scale_through_a_break(device: Any, api: Any) -> tuple[Any, torch.Tensor, to
 
 
 @pytest.mark.clause("BCG-7")
-def test_break_inputs_and_results_outlive_the_callers_references(device, breakable_api) -> None:
-    graph, x, out, _ = _scale_through_a_break(device, breakable_api)
+def test_break_inputs_and_results_outlive_the_callers_references(
+    device, backend, breakable_api
+) -> None:
+    graph, x, out, _ = _scale_through_a_break(device, breakable_api, backend)
     gc.collect()
     for start in (1.0, 7.0):
         host = _arange(4, start)
@@ -422,10 +513,10 @@ def test_break_inputs_and_results_outlive_the_callers_references(device, breakab
 
 @pytest.mark.strict
 @pytest.mark.clause("BCG-7")
-def test_graph_owns_its_break_inputs_but_not_its_scratch(device, breakable_api) -> None:
+def test_graph_owns_its_break_inputs_but_not_its_scratch(device, backend, breakable_api) -> None:
     if not hasattr(device, "capture_scratch"):
         pytest.skip(f"{device!r} tracks no graph scratch (no capture_scratch())")
-    graph, x, out, refs = _scale_through_a_break(device, breakable_api)
+    graph, x, out, refs = _scale_through_a_break(device, breakable_api, backend)
     gc.collect()
     owned = {name for name, ref in refs.items() if ref() is not None}
     assert owned == {"input made outside"}, f"the graph owns {sorted(owned)}"
@@ -439,7 +530,9 @@ def test_graph_owns_its_break_inputs_but_not_its_scratch(device, breakable_api) 
 
 
 @pytest.mark.clause("BCG-7", "BCG-12")
-def test_what_a_break_keeps_survives_the_replays_of_other_graphs(device, breakable_api) -> None:
+def test_what_a_break_keeps_survives_the_replays_of_other_graphs(
+    device, backend, breakable_api
+) -> None:
     """A break that builds a table at its first call (the capture-time call) and reads it at
     every replay, in a graph captured into a pool after another graph whose scratch was freed:
     the table is the break's, not the pool's, and the other graph's replays leave it alone."""
@@ -448,16 +541,15 @@ def test_what_a_break_keeps_survives_the_replays_of_other_graphs(device, breakab
     n = 256
     tables: dict[str, torch.Tensor] = {}
 
-    @api.eager_on_graph()
     def double(h: torch.Tensor) -> torch.Tensor:
         return h * 2
 
-    @api.eager_on_graph()
     def plus_table(h: torch.Tensor) -> torch.Tensor:
         if "table" not in tables:
             tables["table"] = torch.full_like(h, 100.0)
         return h + tables["table"]
 
+    double, plus_table = make_break(api, backend, double), make_break(api, backend, plus_table)
     xa = torch.zeros(n, device=device.device)
     xb = torch.zeros(n, device=device.device)
     graph_a = api.BreakableCUDAGraph(device)
@@ -480,17 +572,33 @@ def test_what_a_break_keeps_survives_the_replays_of_other_graphs(device, breakab
         assert _host(out_b) == _host(host + 1 + 100), "graph A's replay wrote the break's table"
 
 
-def _lazy_view_argument(device: Any, api: Any, view: str, *, may_refuse: bool) -> None:
+def _lazy_view_argument(
+    device: Any, api: Any, view: str, *, copies: bool, may_refuse: bool
+) -> None:
     """A break called with an autograd-tracked parameter and a lazily negated (or conjugated)
-    view of a segment's output: it sees them as they are, at capture and at every replay."""
+    view of a segment's output: it sees them as they are, at capture and at every replay. With
+    ``copies`` the break returns its result (result copying); without, it writes an output the
+    segment allocated, in place, and returns nothing (``BCG-6``: either contract)."""
     dev = device.device
     dtype = torch.complex64 if view == "conj" else torch.float32
     weight = torch.nn.Parameter(torch.full((4,), 2.0, dtype=dtype, device=dev), requires_grad=True)
 
-    @api.eager_on_graph()
-    def combine(h: torch.Tensor, w: torch.Tensor, n: torch.Tensor) -> Any:
-        with torch.no_grad():
-            return h * w + n
+    if copies:
+        @api.eager_on_graph()
+        def combine(h: torch.Tensor, w: torch.Tensor, n: torch.Tensor) -> Any:
+            with torch.no_grad():
+                return h * w + n
+    else:
+        @api.eager_on_graph()
+        def combine_into(out: torch.Tensor, h: torch.Tensor, w: torch.Tensor,
+                         n: torch.Tensor) -> None:
+            with torch.no_grad():
+                out.copy_(h * w + n)
+
+        def combine(h: torch.Tensor, w: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+            out = torch.empty_like(h)
+            combine_into(out, h, w, n)
+            return out
 
     def lazy(h: torch.Tensor) -> torch.Tensor:
         return h._neg_view() if view == "neg" else h.conj()
@@ -503,7 +611,7 @@ def _lazy_view_argument(device: Any, api: Any, view: str, *, may_refuse: bool) -
             out = combine(h, weight, lazy(h)) + 0
     except REFUSALS:
         if may_refuse:
-            assert not device.is_current_stream_capturing(), "the refusal left a capture open"
+            check_refusal_left_nothing_open(device, api)
             return  # refused loudly at capture: allowed at core
         raise
     for start in (1.0, 4.0):
@@ -517,15 +625,15 @@ def _lazy_view_argument(device: Any, api: Any, view: str, *, may_refuse: bool) -
 
 
 @pytest.mark.clause("BCG-6")
-def test_an_autograd_tracked_argument_reaches_the_break(device, breakable_api) -> None:
+def test_an_autograd_tracked_argument_reaches_the_break(device, backend, breakable_api) -> None:
     api = breakable_api
     weight = torch.nn.Parameter(torch.full((4,), 2.0, device=device.device), requires_grad=True)
 
-    @api.eager_on_graph()
     def scale(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             return h * w
 
+    scale = make_break(api, backend, scale)
     x = torch.zeros(4, device=device.device)
     graph = api.BreakableCUDAGraph(device)
     with api.BreakableCUDAGraphCapture(graph):
@@ -538,17 +646,19 @@ def test_an_autograd_tracked_argument_reaches_the_break(device, breakable_api) -
 
 @pytest.mark.clause("BCG-6")
 @pytest.mark.parametrize("view", ["neg", "conj"])
-def test_break_arguments_of_any_kind(device, breakable_api, view: str) -> None:
+def test_break_arguments_of_any_kind(device, backend, breakable_api, view: str) -> None:
     """Autograd-tracked arguments and lazily negated or conjugated views reach the break as
     they are, or the capture refuses the lazy view; never replayed without its negation."""
-    _lazy_view_argument(device, breakable_api, view, may_refuse=True)
+    _lazy_view_argument(device, breakable_api, view, copies=copies_results(backend),
+                        may_refuse=True)
 
 
 @pytest.mark.strict
 @pytest.mark.clause("BCG-6")
 @pytest.mark.parametrize("view", ["neg", "conj"])
-def test_lazy_view_arguments_are_supported(device, breakable_api, view: str) -> None:
-    _lazy_view_argument(device, breakable_api, view, may_refuse=False)
+def test_lazy_view_arguments_are_supported(device, backend, breakable_api, view: str) -> None:
+    _lazy_view_argument(device, breakable_api, view, copies=copies_results(backend),
+                        may_refuse=False)
 
 
 @pytest.mark.clause("BCG-6")
@@ -563,32 +673,51 @@ def test_core_checks_detect_stale_results_and_dropped_negation(
 ) -> None:
     """The core checks above fail on a mutant of ``impl`` reproducing a working engine's
     defect: a nested or ``__slots__`` result returned stale, a lazily negated or conjugated
-    argument replayed without its negation."""
+    argument replayed without its negation (written to either break contract)."""
     api = mutant_api(variant)
-    with pytest.raises(AssertionError, match=": got "):
-        if variant == "one_level_result_copy":
+    if variant == "one_level_result_copy":
+        with pytest.raises(AssertionError, match=": got "):
             _result_copied_back(device, api, kind, may_refuse=True)
-        else:
-            _lazy_view_argument(device, api, kind, may_refuse=True)
+        return
+    for copies in (True, False):
+        with pytest.raises(AssertionError, match=": got "):
+            _lazy_view_argument(device, api, kind, copies=copies, may_refuse=True)
 
 
 @pytest.mark.clause("BCG-6", "BCG-7")
-def test_a_result_the_break_keeps_is_the_result_segments_write(device, breakable_api) -> None:
-    """A break returning a buffer it keeps (built at its first call): later segments write
-    into the returned tensor in place, and the next call sees those writes, as eagerly."""
+def test_a_result_the_break_keeps_is_the_result_segments_write(
+    device, backend, breakable_api
+) -> None:
+    """A break returning a buffer it keeps: later segments write into the returned tensor in
+    place, and the next call sees those writes, as eagerly. Under result copying the break
+    builds the buffer at its first call; in place (vLLM's indexer) it is the buffer the break
+    was passed, made outside the capture, and the break returns its argument."""
     api = breakable_api
     kept: dict[str, torch.Tensor] = {}
-
-    @api.eager_on_graph()
-    def counter(h: torch.Tensor) -> torch.Tensor:
-        if "buf" not in kept:
-            kept["buf"] = torch.zeros_like(h)
-        return kept["buf"]
-
     x = torch.zeros(4, device=device.device)
+
+    if copies_results(backend):
+        @api.eager_on_graph()
+        def counter(h: torch.Tensor) -> torch.Tensor:
+            if "buf" not in kept:
+                kept["buf"] = torch.zeros_like(h)
+            return kept["buf"]
+
+        def call(h: torch.Tensor) -> torch.Tensor:
+            return counter(h)
+    else:
+        kept["buf"] = torch.zeros_like(x)  # the test mutates it: made outside the capture
+
+        @api.eager_on_graph()
+        def counter_of(buf: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+            return buf  # the buffer it was passed
+
+        def call(h: torch.Tensor) -> torch.Tensor:
+            return counter_of(kept["buf"], h)
+
     graph = api.BreakableCUDAGraph(device)
     with api.BreakableCUDAGraphCapture(graph):
-        b = counter(x)
+        b = call(x)
         b.add_(x + 1)  # a segment accumulates into the break's buffer
     assert b is kept["buf"], "the capture did not continue with the buffer the break returned"
     buf = kept["buf"]
@@ -602,7 +731,9 @@ def test_a_result_the_break_keeps_is_the_result_segments_write(device, breakable
 
 @pytest.mark.clause("BCG-7", "MEM-4")
 @pytest.mark.capability("hazard_errors", "scratch_tracking")
-def test_scratch_that_replay_does_not_rewrite_is_a_pool_clobber(device, breakable_api) -> None:
+def test_scratch_that_replay_does_not_rewrite_is_a_pool_clobber(
+    device, backend, breakable_api
+) -> None:
     """A buffer a segment only allocates, filled by a break at its first call only: replay
     does not rewrite it, so once another graph of the pool re-used its block the break reads
     that graph's data. A breakable part that leaves scratch to the pool (``scratch_tracking``)
@@ -612,13 +743,13 @@ def test_scratch_that_replay_does_not_rewrite_is_a_pool_clobber(device, breakabl
     pool = device.graph_pool_handle()
     filled: set[int] = set()
 
-    @api.eager_on_graph()
     def fill_once(buf: torch.Tensor) -> torch.Tensor:
         if not filled:
             buf.fill_(4.0)
             filled.add(1)
         return buf * 2
 
+    fill_once = make_break(api, backend, fill_once)
     xa = torch.zeros(64, device=device.device)
     graph_a = api.BreakableCUDAGraph(device)
     with api.BreakableCUDAGraphCapture(graph_a, pool=pool):
@@ -638,18 +769,20 @@ def test_scratch_that_replay_does_not_rewrite_is_a_pool_clobber(device, breakabl
 
 
 @pytest.mark.clause("BCG-8")
-def test_decorated_call_inside_a_break_body_runs_inline(device, breakable_api) -> None:
+def test_decorated_call_inside_a_break_body_runs_inline(device, backend, breakable_api) -> None:
     calls: list[str] = []
 
-    @breakable_api.eager_on_graph()
     def inner(h: torch.Tensor) -> torch.Tensor:
         calls.append("inner")
         return h + 1
 
-    @breakable_api.eager_on_graph()
+    inner = make_break(breakable_api, backend, inner)
+
     def outer(h: torch.Tensor) -> torch.Tensor:
         calls.append("outer")
         return inner(h) * 2
+
+    outer = make_break(breakable_api, backend, outer)
 
     x = torch.zeros(4, device=device.device)
     graph = breakable_api.BreakableCUDAGraph(device)
@@ -669,27 +802,42 @@ def test_decorated_call_inside_a_break_body_runs_inline(device, breakable_api) -
 # ---------------------------------------------------------------------------------------------
 
 
-def _fork_across_a_break(device: Any, breakable_api: Any) -> dict[str, Any]:
+def _fork_across_a_break(
+    device: Any, api: Any, backend: Any, *, join_before: bool = False, may_refuse: bool = False
+) -> dict[str, Any] | None:
+    """A side stream forked in the first segment, joined before the break (``join_before``)
+    or left open across it and joined after; captured and replayed once. ``None`` where the
+    fork left open was refused loudly at capture and ``may_refuse`` (checked to leave nothing
+    open)."""
     side = device.Stream()
     cls = device.Stream
     seen: dict[str, Any] = {"before": cls.__dict__.get("wait_stream")}
 
-    @breakable_api.eager_on_graph()
     def double(h: torch.Tensor) -> torch.Tensor:
         return h * 2
 
+    double = make_break(api, backend, double)
     x = torch.zeros(8, device=device.device)
-    graph = breakable_api.BreakableCUDAGraph(device)
-    with breakable_api.BreakableCUDAGraphCapture(graph):
-        seen["during"] = cls.__dict__.get("wait_stream")
-        current = device.current_stream()
-        side.wait_stream(current)
-        with device.stream(side):
-            a = x * 3
-        y = double(x + 1)
-        seen["side capturing after break"] = device.is_stream_capturing(side)
-        current.wait_stream(side)  # a join of a stream that no longer captures: no-op
-        out = y + a
+    graph = api.BreakableCUDAGraph(device)
+    try:
+        with api.BreakableCUDAGraphCapture(graph):
+            seen["during"] = cls.__dict__.get("wait_stream")
+            current = device.current_stream()
+            side.wait_stream(current)
+            with device.stream(side):
+                a = x * 3
+            if join_before:
+                current.wait_stream(side)
+            y = double(x + 1)
+            seen["side capturing after break"] = device.is_stream_capturing(side)
+            if not join_before:
+                current.wait_stream(side)  # a join of a stream that no longer captures: no-op
+            out = y + a
+    except REFUSALS:
+        if may_refuse and not join_before:
+            check_refusal_left_nothing_open(device, api)
+            return None  # refused loudly at capture: allowed at core
+        raise
     seen["after"] = cls.__dict__.get("wait_stream")
     host = _arange(8, 1.0)
     x.copy_(host)
@@ -699,16 +847,23 @@ def _fork_across_a_break(device: Any, breakable_api: Any) -> dict[str, Any]:
 
 
 @pytest.mark.clause("BCG-9")
-def test_fork_across_a_break_is_joined(device, breakable_api) -> None:
-    seen = _fork_across_a_break(device, breakable_api)
+@pytest.mark.parametrize("fork", ["left open across the break", "joined before the break"])
+def test_fork_across_a_break_is_joined(device, backend, breakable_api, fork: str) -> None:
+    """A fork left open across a break is joined at the break, or refused loudly at capture
+    (leaving nothing open); a fork joined before the break always captures and replays."""
+    seen = _fork_across_a_break(device, breakable_api, backend,
+                                join_before=fork.startswith("joined"), may_refuse=True)
+    if seen is None:
+        return
     assert seen["side capturing after break"] is False, "the fork was not joined at the break"
     assert seen["replayed"] == seen["expected"], f"got {seen['replayed']}"
 
 
 @pytest.mark.strict
 @pytest.mark.clause("BCG-9")
-def test_wait_stream_hook_exists_only_during_capture(device, breakable_api) -> None:
-    seen = _fork_across_a_break(device, breakable_api)
+def test_wait_stream_hook_exists_only_during_capture(device, backend, breakable_api) -> None:
+    seen = _fork_across_a_break(device, breakable_api, backend)
+    assert seen is not None
     assert seen["during"] is not seen["before"], "no wait_stream hook during capture"
     assert seen["after"] is seen["before"], "the wait_stream hook was not removed"
 
@@ -719,28 +874,29 @@ def test_wait_stream_hook_exists_only_during_capture(device, breakable_api) -> N
 
 
 @pytest.mark.clause("BCG-11")
-def test_switch_is_on_for_its_body_and_for_a_capture(device, breakable_api) -> None:
+def test_switch_is_on_for_its_body_and_for_a_capture(device, backend, breakable_api) -> None:
     """A runner that switches it on around capture and replay: on in the capture's segments and
-    in every break call, off after."""
+    in every break call, off after (where the part has the switch)."""
     api = breakable_api
-    is_in_breakable = api.is_in_breakable_cuda_graph
+    is_in_breakable = optional_breakable(api, "is_in_breakable_cuda_graph")
+    enable = optional_breakable(api, "enable_breakable_cuda_graph")
     assert not is_in_breakable()
-    with api.enable_breakable_cuda_graph():
+    with enable():
         inside = is_in_breakable()
     assert inside and not is_in_breakable(), "the switch was not on for exactly its body"
     seen: list[bool] = []
 
-    @api.eager_on_graph()
     def probe(h: torch.Tensor) -> torch.Tensor:
         seen.append(is_in_breakable())
         return h + 1
 
+    probe = make_break(api, backend, probe)
     graph = api.BreakableCUDAGraph(device)
     x = torch.zeros(2, device=device.device)
-    with api.enable_breakable_cuda_graph(), api.BreakableCUDAGraphCapture(graph):
+    with enable(), api.BreakableCUDAGraphCapture(graph):
         seen.append(is_in_breakable())
         out = probe(x * 2)
-    with api.enable_breakable_cuda_graph():
+    with enable():
         graph.replay()
     assert seen == [True, True, True], f"capture body, capture-time call, replay saw {seen}"
     assert not is_in_breakable(), "left on after the runner's block"
@@ -750,7 +906,7 @@ def test_switch_is_on_for_its_body_and_for_a_capture(device, breakable_api) -> N
 @pytest.mark.strict
 @pytest.mark.clause("BCG-11")
 def test_a_capture_switches_it_on_by_itself(device, breakable_api) -> None:
-    is_in_breakable = breakable_api.is_in_breakable_cuda_graph
+    is_in_breakable = optional_breakable(breakable_api, "is_in_breakable_cuda_graph")
     graph = breakable_api.BreakableCUDAGraph(device)
     x = torch.zeros(2, device=device.device)
     with breakable_api.BreakableCUDAGraphCapture(graph):
@@ -762,15 +918,16 @@ def test_a_capture_switches_it_on_by_itself(device, breakable_api) -> None:
 @pytest.mark.strict
 @pytest.mark.clause("BCG-11")
 def test_switch_is_reentrant_and_exception_safe(device, breakable_api) -> None:
-    switch = breakable_api.enable_breakable_cuda_graph()
-    is_in_breakable = breakable_api.is_in_breakable_cuda_graph
+    enable = optional_breakable(breakable_api, "enable_breakable_cuda_graph")
+    is_in_breakable = optional_breakable(breakable_api, "is_in_breakable_cuda_graph")
+    switch = enable()
     assert not is_in_breakable()
     with switch:
         with switch:
             assert is_in_breakable()
         assert is_in_breakable(), "leaving the inner block switched it off"
     assert not is_in_breakable()
-    with pytest.raises(KeyError), breakable_api.enable_breakable_cuda_graph():
+    with pytest.raises(KeyError), enable():
         raise KeyError("model failure")
     assert not is_in_breakable(), "an exception left the switch on"
 

@@ -2,7 +2,8 @@
 graph alike: states, and one error per misuse, each raised before anything changes.
 
 Every test runs over both kinds of graph (``plain``: ``device.CUDAGraph()`` captured with
-``device.graph``; ``breakable``: the breakable API's graph, captured with a break in its body).
+``device.graph``; ``breakable``: the breakable API's graph, captured with a break in its body,
+written to the backend's break contract, ``BCG-6``).
 The failed captures here fail by an exception of the captured code, never by a CUDA error, so the
 tests run in-process on CUDA too.
 """
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 import spec
+from conformance.scenarios import make_break
 
 KINDS = ("plain", "breakable")
 
@@ -28,20 +30,22 @@ class _UserError(Exception):
 class Kind:
     """How to build, capture and check one kind of graph on ``device``.
 
-    :meth:`capture` records ``x * 2 + 1`` (through a break for the breakable kind) and returns
-    the output; :meth:`check` copies new inputs into ``x``, replays and compares.
+    :meth:`capture` records ``x * 2 + 1`` (through a break for the breakable kind, written to
+    ``backend``'s break contract) and returns the output; :meth:`check` copies new inputs into
+    ``x``, replays and compares.
     """
 
-    def __init__(self, name: str, device: Any, api: Any = None) -> None:
+    def __init__(self, name: str, device: Any, api: Any = None, backend: Any = None) -> None:
         self.name = name
         self.device = device
         self.api = api
-        if api is not None:
-            self._times2: Callable[[torch.Tensor], torch.Tensor] = api.eager_on_graph()(
-                lambda h: h * 2
-            )
-        else:
-            self._times2 = lambda h: h * 2
+
+        def times2(h: torch.Tensor) -> torch.Tensor:
+            return h * 2
+
+        self._times2: Callable[[torch.Tensor], torch.Tensor] = (
+            times2 if api is None else make_break(api, backend, times2)
+        )
 
     def new(self) -> Any:
         if self.api is None:
@@ -73,10 +77,10 @@ class Kind:
 
 
 @pytest.fixture(params=KINDS)
-def kind(request: pytest.FixtureRequest, device: Any) -> Iterator[Kind]:
+def kind(request: pytest.FixtureRequest, device: Any, backend: Any) -> Iterator[Kind]:
     """Each kind of graph in turn; ``breakable`` is skipped where the backend has none."""
     api = request.getfixturevalue("breakable_api") if request.param == "breakable" else None
-    yield Kind(request.param, device, api)
+    yield Kind(request.param, device, api, backend)
     assert not device.is_current_stream_capturing(), "a capture was left open"
 
 
@@ -130,9 +134,10 @@ def test_only_a_complete_capture_replays(kind: Kind, x: torch.Tensor) -> None:
 @pytest.mark.strict
 @pytest.mark.clause("LIFE-1", "RPL-2")
 def test_a_breakable_graph_without_a_complete_capture_refuses_to_replay(
-    device: Any, breakable_api: Any, x: torch.Tensor
+    device: Any, breakable_api: Any, backend: Any, x: torch.Tensor
 ) -> None:
-    _complete_captures_replay(Kind("breakable", device, breakable_api), x, refusals=True)
+    _complete_captures_replay(Kind("breakable", device, breakable_api, backend), x,
+                              refusals=True)
 
 
 @pytest.mark.strict
@@ -191,9 +196,10 @@ def test_capture_into_a_graph_that_holds_one_is_refused(kind: Kind, x: torch.Ten
 @pytest.mark.strict
 @pytest.mark.clause("LIFE-2")
 def test_capture_into_a_breakable_graph_that_holds_one_is_refused(
-    device: Any, breakable_api: Any, x: torch.Tensor
+    device: Any, breakable_api: Any, backend: Any, x: torch.Tensor
 ) -> None:
-    _capture_into_a_held_graph(Kind("breakable", device, breakable_api), x, refusal=True)
+    _capture_into_a_held_graph(Kind("breakable", device, breakable_api, backend), x,
+                               refusal=True)
 
 
 @pytest.mark.strict

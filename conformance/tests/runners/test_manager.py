@@ -13,15 +13,32 @@ from conformance.scenarios import expect_close, make_model, make_runner, optiona
 
 
 @pytest.fixture(scope="module")
-def manager_api(runner_api: Any) -> Any:
-    for name in ("CUDAGraphMode", "CudagraphDispatcher", "BatchDescriptor", "CudaGraphManager"):
+def dispatch_api(runner_api: Any) -> Any:
+    """The runners part's modes, descriptors and dispatcher (skips naming a missing one)."""
+    for name in ("CUDAGraphMode", "CudagraphDispatcher", "BatchDescriptor"):
         optional_runner(runner_api, name)
     return runner_api
 
 
+@pytest.fixture(scope="module")
+def manager_api(dispatch_api: Any) -> Any:
+    """:func:`dispatch_api` with the manager (skips naming it when missing)."""
+    optional_runner(dispatch_api, "CudaGraphManager")
+    return dispatch_api
+
+
+def _valid_at_run_time(m: Any) -> bool:
+    """``m.is_valid_runtime_mode()``, vLLM's per-value predicate (``valid_runtime_modes()`` is
+    then a classmethod: the frozenset of those modes); where a mode class has no such predicate,
+    ``m.valid_runtime_modes()`` is it (vLLM's earlier form of the same name)."""
+    if hasattr(m, "is_valid_runtime_mode"):
+        return bool(m.is_valid_runtime_mode())
+    return bool(m.valid_runtime_modes())
+
+
 @pytest.mark.clause("RUN-10")
-def test_mode_helpers(manager_api) -> None:
-    mode = manager_api.CUDAGraphMode
+def test_mode_helpers(dispatch_api) -> None:
+    mode = dispatch_api.CUDAGraphMode
     table = {  # decode, mixed, separate, valid at run time
         mode.NONE: (mode.NONE, mode.NONE, False, True),
         mode.PIECEWISE: (mode.PIECEWISE, mode.PIECEWISE, False, True),
@@ -30,15 +47,22 @@ def test_mode_helpers(manager_api) -> None:
         mode.FULL_AND_PIECEWISE: (mode.FULL, mode.PIECEWISE, True, False),
     }
     for m, expected in table.items():
-        found = (m.decode_mode(), m.mixed_mode(), m.separate_routine(), m.valid_runtime_modes())
+        found = (m.decode_mode(), m.mixed_mode(), m.separate_routine(), _valid_at_run_time(m))
         assert found == expected, f"{m}: {found}, expected {expected}"
         assert m.has_full_cudagraphs() is (mode.FULL in expected[:2]), m
         assert m.has_piecewise_cudagraphs() is (mode.PIECEWISE in expected[:2]), m
+    if hasattr(mode.NONE, "is_valid_runtime_mode"):
+        valid = mode.valid_runtime_modes()  # a classmethod, where the predicate is separate
+        assert set(valid) == {mode.NONE, mode.PIECEWISE, mode.FULL}, f"run-time modes {valid}"
 
 
 @pytest.mark.clause("RUN-10")
-def test_dispatch_table(manager_api) -> None:
-    mode, desc = manager_api.CUDAGraphMode, manager_api.BatchDescriptor
+def test_dispatch_table(dispatch_api) -> None:
+    """Per batch, the route (runtime mode and padded size) is the table's. The descriptor is
+    too, except that a FULL graph may be keyed the way vLLM keys it: by the padded size and
+    its exact request count, ``BatchDescriptor(num_tokens=n, num_reqs=min(n, max_num_seqs),
+    uniform=False)`` (every graph of plain ``FULL`` mode, uniform decode batches included)."""
+    mode, desc = dispatch_api.CUDAGraphMode, dispatch_api.BatchDescriptor
     sizes, max_reqs = [1, 2, 4, 8, 16], 4
     expected = {  # (mode, num_tokens, uniform) -> (runtime mode, descriptor)
         (mode.NONE, 3, True): (mode.NONE, desc(3)),
@@ -54,8 +78,15 @@ def test_dispatch_table(manager_api) -> None:
         (mode.FULL_AND_PIECEWISE, 17, False): (mode.NONE, desc(17)),
     }
     for (m, n, uniform), want in expected.items():
-        got = manager_api.CudagraphDispatcher(m, sizes, max_reqs).dispatch(n, uniform)
-        assert got == want, f"{m.name}, {n} tokens, uniform={uniform}: {got}, expected {want}"
+        got = dispatch_api.CudagraphDispatcher(m, sizes, max_reqs).dispatch(n, uniform)
+        what = f"{m.name}, {n} tokens, uniform={uniform}"
+        route, want_route = (got[0], got[1].num_tokens), (want[0], want[1].num_tokens)
+        assert route == want_route, f"{what}: route {route}, expected {want_route} ({got})"
+        keys = [want[1]]
+        if want[0] is mode.FULL:
+            padded = want[1].num_tokens
+            keys.append(desc(num_tokens=padded, num_reqs=min(padded, max_reqs), uniform=False))
+        assert got[1] in keys, f"{what}: descriptor {got[1]}, expected one of {keys}"
 
 
 @pytest.mark.clause("RUN-10", "RUN-11")

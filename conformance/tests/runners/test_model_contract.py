@@ -68,7 +68,7 @@ class _ContractOnly(nn.Module):
 
 def _runners(runner_api: Any) -> dict[str, Any]:
     return {
-        "decode": runner_api.CudaGraphRunner,
+        "decode": optional_runner(runner_api, "CudaGraphRunner"),
         "prefill": optional_runner(runner_api, "BreakableCudaGraphRunner"),
     }
 
@@ -102,7 +102,8 @@ def test_runners_read_only_what_the_contract_names(device, runner_api) -> None:
 def test_the_layer_stack_is_called_positionally_with_three_arguments(device, runner_api) -> None:
     log: list[tuple[int, int]] = []
     model = _ContractOnly(make_model(device, "dense"), log=log)
-    runner = make_runner(device, "dense", model=model, prefill=_runners(runner_api)["prefill"])
+    prefill = optional_runner(runner_api, "BreakableCudaGraphRunner")
+    runner = make_runner(device, "dense", model=model, prefill=prefill)
     run_steps(runner, [("extend", [0, 1])], _PROMPTS)
     assert log and set(log) == {(3, 0)}, (
         f"the layer stack was called with (positional, keyword) argument counts {sorted(set(log))}"

@@ -24,7 +24,8 @@ _STEPS: list[tuple[str, list[int]]] = [
 
 def _decode_variant(device: Any, runner_api: Any, variant: str, kind: str, **kw: Any) -> Any:
     if variant == "reference":
-        return make_runner(device, kind, decode=runner_api.CudaGraphRunner, **kw)
+        return make_runner(device, kind, decode=optional_runner(runner_api, "CudaGraphRunner"),
+                           **kw)
     model_runner_cls, runner_cls, options = DECODE_MUTANTS[variant]
     # The suite's mutants are never sanitized (--sanitize): see make_runner.
     return make_runner(device, kind, decode=runner_cls, decode_options=options,
@@ -69,7 +70,7 @@ def test_decode_replay_reads_this_steps_metadata(device, runner_api, variant, ki
                                                 options) -> None:
     expected = run_steps(make_runner(device, kind), _STEPS, _PROMPTS)
     if variant == "reference":
-        runner = make_runner(device, kind, decode=runner_api.CudaGraphRunner,
+        runner = make_runner(device, kind, decode=optional_runner(runner_api, "CudaGraphRunner"),
                              decode_options=options)
     else:
         runner = _decode_variant(device, runner_api, variant, kind)
@@ -128,7 +129,8 @@ def test_stale_padded_positions_never_reach_real_rows(device, runner_api, varian
 def test_swa_fast_path_records_no_translation(device, runner_api, variant) -> None:
     # An optional runner feature: the SWA fast path can be switched off to compare with
     # (swa_fast_path) and graphs keep their nodes for counting (keep_graph).
-    params = inspect.signature(runner_api.CudaGraphRunner).parameters
+    reference = optional_runner(runner_api, "CudaGraphRunner")
+    params = inspect.signature(reference).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         missing = [n for n in ("swa_fast_path", "keep_graph") if n not in params]
         if missing:
@@ -138,11 +140,11 @@ def test_swa_fast_path_records_no_translation(device, runner_api, variant) -> No
         return device.graph_node_count(runner.decode_runner.graphs[1])
 
     kw: dict[str, Any] = dict(capture_bs=[1])
-    decode = runner_api.CudaGraphRunner if variant == "reference" else DECODE_MUTANTS[variant][1]
+    decode = reference if variant == "reference" else DECODE_MUTANTS[variant][1]
     runner = make_runner(device, "hybrid_swa", decode=decode,
                          decode_options={"keep_graph": True}, sanitize=variant == "reference",
                          **kw)
-    slow = make_runner(device, "hybrid_swa", decode=runner_api.CudaGraphRunner,
+    slow = make_runner(device, "hybrid_swa", decode=reference,
                        decode_options={"keep_graph": True, "swa_fast_path": False}, **kw)
     kv = slow.kv_cache
     loc = torch.zeros(1, dtype=torch.int64, device=device.device)

@@ -46,7 +46,7 @@ def _cached(device: Any, kind: str, role: str, runner_api: Any) -> impl.ModelRun
             _RUNNERS[key] = make_runner(device, kind)
         else:
             _RUNNERS[key] = make_runner(
-                device, kind, decode=runner_api.CudaGraphRunner,
+                device, kind, decode=optional_runner(runner_api, "CudaGraphRunner"),
                 prefill=getattr(runner_api, "BreakableCudaGraphRunner", None),
             )
     return _RUNNERS[key]
@@ -81,7 +81,7 @@ def test_generate_with_graphs_equals_eager(device, runner_api, kind, requests) -
 def test_every_decode_size_and_the_sizes_between(device, runner_api, kind) -> None:
     eager = make_runner(device, kind, max_running_requests=8)
     graphs = make_runner(device, kind, max_running_requests=8, capture_bs=[1, 2, 4, 8],
-                         decode=runner_api.CudaGraphRunner)
+                         decode=optional_runner(runner_api, "CudaGraphRunner"))
     prompts = [[(7 * i + j) % 64 for j in range(1 + i % 4)] for i in range(8)]
     steps: list[tuple[str, list[int]]] = [("extend", list(range(8)))]
     steps += [("decode", list(range(n))) for n in (8, 7, 6, 5, 4, 3, 2, 1, 8)]
@@ -105,7 +105,7 @@ def _gate_steps(runner: impl.ModelRunner) -> list[torch.Tensor]:
 @pytest.mark.clause("RUN-12")
 def test_gate_serves_what_it_can_and_runs_the_rest_eagerly(device, runner_api) -> None:
     graphs = make_runner(device, "dense", max_running_requests=4, capture_bs=[1, 2],
-                         decode=runner_api.CudaGraphRunner)
+                         decode=optional_runner(runner_api, "CudaGraphRunner"))
     eager = make_runner(device, "dense", max_running_requests=4)
     for step, (got, expected) in enumerate(
             zip(_gate_steps(graphs), _gate_steps(eager), strict=True)):
@@ -116,7 +116,7 @@ def test_gate_serves_what_it_can_and_runs_the_rest_eagerly(device, runner_api) -
 @pytest.mark.clause("RUN-12")
 def test_gate_counts_captures_replays_and_fallbacks(device, runner_api) -> None:
     runner = make_runner(device, "dense", max_running_requests=4, capture_bs=[1, 2],
-                         decode=runner_api.CudaGraphRunner)
+                         decode=optional_runner(runner_api, "CudaGraphRunner"))
     decode = runner.decode_runner
     assert decode.stats.captures == 2, f"captures {decode.stats}"
     _gate_steps(runner)

@@ -34,7 +34,7 @@ def test_your_model_runs_under_graphs_as_eagerly(device, runner_api, model_under
     """Decode graphs and breakable prefill over your model give eager's logits at every step of
     a schedule where requests join and leave, and both runners replayed."""
     graphs, eager = _pair(
-        device, model_under_test, decode=runner_api.CudaGraphRunner,
+        device, model_under_test, decode=optional_runner(runner_api, "CudaGraphRunner"),
         prefill=optional_runner(runner_api, "BreakableCudaGraphRunner"),
     )
     for i, (a, e) in enumerate(zip(run_steps(graphs, _STEPS, _PROMPTS),
@@ -66,8 +66,8 @@ def test_your_model_gate_serves_and_declines_as_eagerly(device, runner_api,
                                                         model_under_test) -> None:
     """With decode graphs of 1 and 2 requests only, a step of 3 is declined and run eagerly;
     every step gives eager's logits."""
-    graphs, eager = _pair(device, model_under_test, decode=runner_api.CudaGraphRunner,
-                          capture_bs=[1, 2])
+    decode = optional_runner(runner_api, "CudaGraphRunner")
+    graphs, eager = _pair(device, model_under_test, decode=decode, capture_bs=[1, 2])
     steps: list[tuple[str, list[int]]] = [
         ("extend", [0, 1, 2]), ("decode", [0, 1]), ("decode", [0, 1, 2]), ("decode", [2]),
     ]

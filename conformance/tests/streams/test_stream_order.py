@@ -19,8 +19,15 @@ import pytest
 import torch
 
 import spec
-from conformance.mutants import mutant_capture
-from conformance.scenarios import KINDS, expect_close, make_runner
+from conformance.mutants import mutant_api
+from conformance.scenarios import (
+    KINDS,
+    RESULT_COPYING,
+    expect_close,
+    make_break,
+    make_runner,
+    optional_runner,
+)
 
 needs_order = pytest.mark.capability("stream_order")
 
@@ -346,20 +353,23 @@ def test_forks_and_joins_inside_a_capture_order_no_eager_work(device: Any, strea
 # ---------------------------------------------------------------------------------------------
 
 
-def _breakable_round_trip(device: Any, api: Any, capture: Any) -> list[float]:
+def _breakable_round_trip(device: Any, api: Any, contract: Any) -> list[float]:
     """Inputs prepared on a caller stream, a break body that reads them on the capture stream,
-    then a replay on the caller stream; the replayed output."""
+    then a replay on the caller stream; the replayed output. The break is written to
+    ``contract``'s break contract (``BCG-6``): its result copied back, or written in place into
+    an output the segment allocated; either way the replay rewrites memory the capture-time
+    break wrote on the capture stream."""
     caller = device.Stream()
 
-    @api.eager_on_graph()
-    def scale(h: torch.Tensor, by: torch.Tensor) -> torch.Tensor:
+    def times(h: torch.Tensor, by: torch.Tensor) -> torch.Tensor:
         return h * by
 
+    scale = make_break(api, contract, times)
     with device.stream(caller):
         x = torch.zeros(4, device=device.device)
         by = torch.full((4,), 3.0, device=device.device)  # written on the caller's stream
         graph = api.BreakableCUDAGraph(device)
-        with capture(graph):
+        with api.BreakableCUDAGraphCapture(graph):
             out = scale(by, by) + x  # the break body reads `by` on the capture stream
         x.fill_(1.0)
         graph.replay()  # on the caller stream: rewrites the break's result
@@ -368,21 +378,21 @@ def _breakable_round_trip(device: Any, api: Any, capture: Any) -> list[float]:
 
 @pytest.mark.clause("ORD-4")
 def test_breakable_capture_orders_its_stream_with_the_callers(
-    device: Any, breakable_api: Any
+    device: Any, breakable_api: Any, backend: Any
 ) -> None:
-    out = _breakable_round_trip(device, breakable_api, breakable_api.BreakableCUDAGraphCapture)
+    out = _breakable_round_trip(device, breakable_api, backend)
     assert out == [10.0] * 4, f"expected 3 * 3 + 1 everywhere, got {out}"
 
 
 @needs_order
 @pytest.mark.clause("ORD-4")
+@pytest.mark.usefixtures("breakable_api")
 @pytest.mark.parametrize("variant", ["unordered_entry", "unordered_exit"])
-def test_breakable_capture_without_a_wait_races(
-    device: Any, breakable_api: Any, variant: str
-) -> None:
-    # The mutants are variants of impl (conformance.mutants); the reference passes above.
+def test_breakable_capture_without_a_wait_races(device: Any, variant: str) -> None:
+    # The mutants are variants of impl (conformance.mutants), with impl's graph and break
+    # contract on the backend's device; the backend's own part passes above.
     with pytest.raises(spec.StreamRace):
-        _breakable_round_trip(device, breakable_api, mutant_capture(variant))
+        _breakable_round_trip(device, mutant_api(variant), RESULT_COPYING)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -458,8 +468,9 @@ def test_runners_order_every_stream_they_use(device: Any, runner_api: Any, kind:
     limits = [4, 3, 5, 2]
     expected = make_runner(device, kind).generate(prompts, limits)
     with device.stream(device.default_stream()):
-        runner = make_runner(device, kind, decode=runner_api.CudaGraphRunner,
-                             prefill=runner_api.BreakableCudaGraphRunner)
+        runner = make_runner(device, kind,
+                             decode=optional_runner(runner_api, "CudaGraphRunner"),
+                             prefill=optional_runner(runner_api, "BreakableCudaGraphRunner"))
         actual = runner.generate(prompts, limits)
     assert runner.stats.graph_replays > 0, "no graph replayed"
     assert actual.tokens == expected.tokens, f"{kind}: {actual.tokens}, eager {expected.tokens}"
