@@ -12,8 +12,21 @@ correct results), ``strict`` (the reference's stronger promises) or ``all`` (the
 report (``conformance.md``, ``conformance.json``: each clause's core and strict status side by
 side) goes to ``DIR`` (``reports/`` by default) and a clause summary is printed. The exit status
 is pytest's over the selected levels (run in a fresh interpreter): a strict failure does not
-fail ``--level core``. A backend that cannot be loaded is one error line and exit status 2,
-before any test runs.
+fail ``--level core``.
+
+A report folder holds one column per option set (the backend, ``+ model M``, ``+ sanitize S``):
+a run replaces its own column (the levels it selected), never another's, and records its
+provenance beside it: when it started (UTC), the suite, torch and Python versions, the device
+(the GPU's name on CUDA), backend, level, sanitize level, model, xfail file, the number of tests
+and its verdict (``pass``, ``fail``, ``error``); see :mod:`conformance.plugin._report`. The
+console's last line is the run's verdict (``conformance verdict: pass (backend fake, level all,
+546 tests)``), also kept in the JSON (``last_run``).
+
+Before any test runs, the backend is loaded and its device built (``cuda`` without CUDA, a
+factory that does not import, needs arguments or raises, a device factory that raises), and a
+``--model`` factory is loaded and called once on that device (its signature must accept
+``(device, dtype)``; it must not raise and must return a model the runners take): a problem is
+one error line naming the cause and what to do, and exit status 2.
 
 ``--model MODULE:FACTORY`` checks the runner clauses (``RUN-7``, ``RUN-11``, ``RUN-12`` and the
 model contract) on your model instead of the whole suite: ``FACTORY(device, dtype)`` returns a
@@ -31,8 +44,7 @@ import os
 import subprocess
 import sys
 
-from .plugin import DEFAULT_BACKEND, ENV_VAR, LEVEL_CHOICES
-from .plugin._backend import load_backend
+from .plugin import DEFAULT_BACKEND, ENV_VAR, LEVEL_CHOICES, check_backend
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,19 +87,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        load_backend(args.backend)
-    except Exception as error:  # one line, not a traceback wall
-        print(f"conformance: error: --backend {args.backend}: {error}", file=sys.stderr)
+    try:  # a backend, device or model that cannot run: one line now, not an error per test
+        check_backend(args.backend, args.model)
+    except ValueError as error:
+        print(f"conformance: error: {error}", file=sys.stderr)
         return 2
-    if args.model:
-        from .scenarios._user_model import load_model_factory
-
-        try:
-            load_model_factory(args.model)
-        except Exception as error:
-            print(f"conformance: error: --model {args.model}: {error}", file=sys.stderr)
-            return 2
     extra = [a for a in args.pytest_args if a != "--"]
     command = [
         sys.executable, "-m", "pytest",
@@ -104,7 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     ]
     # A fresh interpreter: this one already imported the package, which pytest would then
     # refuse to assertion-rewrite.
-    return subprocess.call(command)
+    code = subprocess.call(command)
+    if code < 0:  # killed by a signal: the plugin could not print the verdict
+        print(f"conformance verdict: error (backend {args.backend}, level {args.level}, the "
+              f"test process was killed by signal {-code})")
+    return code
 
 
 if __name__ == "__main__":

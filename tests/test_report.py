@@ -1,14 +1,18 @@
-"""The clause report: folding test outcomes per clause and level, and merging backends' columns."""
+"""The clause report: folding test outcomes per clause and level, merging columns (one per option
+set), and each run's provenance and verdict."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 import spec
 from conformance import ClauseViolation, TestOutcome, fold, summary_lines, write_report
+from conformance.plugin._report import RunInfo, column_label, run_verdict
 
 
 def test_a_clause_level_takes_the_worst_outcome_of_its_tests() -> None:
@@ -274,6 +278,143 @@ def test_a_column_without_levels_is_dropped_not_misread(tmp_path: Path) -> None:
     assert list(json.loads(json_path.read_text())["backends"]) == ["fake"]
 
 
+def _run(column: str, level: str = "all", verdict: str = "pass", **options: Any) -> RunInfo:
+    """A run of ``column`` as the plugin records it (fixed time and device, for comparison)."""
+    return RunInfo(column, column.split(" + ")[0], level, time=options.pop("time", "T"),
+                   device="cpu", verdict=verdict, **options)  # type: ignore[arg-type]
+
+
+def test_a_run_records_its_provenance_and_verdict(tmp_path: Path) -> None:
+    run = RunInfo(
+        column_label("fake", "pkg.models:tiny", "all"), "fake", "core", "all", "pkg.models:tiny",
+        "engine.xfail", device="cpu", tests=3, outcomes={"pass": 2, "fail": 1}, exit_status=1,
+        verdict="fail",
+    )
+    assert run.column == "fake + model pkg.models:tiny + sanitize all"
+    assert run.line == ("conformance verdict: fail (backend fake + model pkg.models:tiny + "
+                        "sanitize all, level core, 3 tests, 1 failed)")
+    json_path, md_path = write_report(
+        tmp_path, run.column,
+        fold([TestOutcome("t::a", ("RUN-7",), "fail", "boom")], levels=("core",)), run,
+    )
+    data = json.loads(json_path.read_text())
+    last = data["last_run"]
+    assert (last["backend"], last["level"], last["sanitize"], last["model"],
+            last["xfail_file"], last["device"]) == (
+        "fake", "core", "all", "pkg.models:tiny", "engine.xfail", "cpu")
+    assert last["time"].endswith("+00:00") and last["time"][:4].isdigit(), "UTC, ISO 8601"
+    assert last["suite_version"] == str(getattr(spec, "__version__", "unknown"))
+    assert last["torch"] == torch.__version__ and last["python"]
+    assert (last["verdict"], last["exit_status"], last["line"]) == ("fail", 1, run.line)
+    column = data["columns"][run.column]
+    assert (column["backend"], column["model"], column["sanitize"], column["verdict"]) == (
+        "fake", "pkg.models:tiny", "all", "fail")
+    assert list(column["runs"]) == ["core"], "a core run gives the core level only"
+    assert data["verdict"] == "fail"
+    md = md_path.read_text()
+    assert "Verdict over every column: **fail**" in md and run.line in md
+    assert (f"| `{run.column}` | **fail** | core | {last['time']} | core | fail | 3 | "
+            f"{last['suite_version']} | {torch.__version__} | cpu | engine.xfail |") in md
+
+
+def test_runs_with_other_options_get_their_own_columns_and_never_a_stale_one(
+    tmp_path: Path,
+) -> None:
+    passed = fold([TestOutcome("t::a", ("REG-2",), "pass")])
+    failed = fold([TestOutcome("t::a", ("REG-2",), "fail", "boom")])
+    write_report(tmp_path, "fake", passed, _run("fake", time="T1"))
+    # A sanitized run is another option set: its own column, beside the plain one.
+    write_report(tmp_path, "fake + sanitize all", failed,
+                 _run("fake + sanitize all", verdict="fail", sanitize="all", time="T2"))
+    # The plain option set again: it replaces its own column, nothing else.
+    json_path, md_path = write_report(tmp_path, "fake", failed,
+                                      _run("fake", verdict="fail", time="T3"))
+    data = json.loads(json_path.read_text())
+    assert sorted(data["backends"]) == sorted(data["columns"]) == ["fake", "fake + sanitize all"]
+    assert data["backends"]["fake"]["REG-2"]["core"]["status"] == "fail", "T3's, not T1's"
+    runs = {name: {lv: (r["time"], r["sanitize"]) for lv, r in col["runs"].items()}
+            for name, col in data["columns"].items()}
+    assert runs == {
+        "fake": {"core": ("T3", "off"), "strict": ("T3", "off")},
+        "fake + sanitize all": {"core": ("T2", "all"), "strict": ("T2", "all")},
+    }
+    md = md_path.read_text()
+    assert "T1" not in md, "nothing of the replaced run is left"
+    assert "| `fake` | **fail** | core, strict | T3 | all | fail |" in md
+    assert "| `fake + sanitize all` | **fail** | core, strict | T2 | all | fail |" in md
+    assert "| fake core | fake strict | fake + sanitize all core |" in md
+
+
+def test_a_run_of_one_level_keeps_the_other_levels_run_with_its_provenance(
+    tmp_path: Path,
+) -> None:
+    write_report(tmp_path, "x", fold([TestOutcome("t::a", ("REG-2",), "pass")]),
+                 _run("x", time="T1", xfail_file="old.xfail"))
+    json_path, md_path = write_report(
+        tmp_path, "x", fold([TestOutcome("t::b", ("REG-2",), "fail")], levels=("core",)),
+        _run("x", "core", "fail", time="T2"),
+    )
+    data = json.loads(json_path.read_text())
+    column = data["columns"]["x"]
+    assert (column["runs"]["core"]["time"], column["runs"]["strict"]["time"]) == ("T2", "T1")
+    assert column["runs"]["strict"]["xfail_file"] == "old.xfail"
+    assert column["verdict"] == "fail" and data["last_run"]["time"] == "T2"
+    md = md_path.read_text()
+    assert "| `x` | **fail** | core | T2 | core | fail |" in md
+    assert "| `x` | **fail** | strict | T1 | all | pass |" in md
+
+
+def test_a_column_without_a_run_is_dropped(tmp_path: Path) -> None:
+    write_report(tmp_path, "old", fold([TestOutcome("t::a", ("REG-2",), "pass")]))
+    data = json.loads((tmp_path / "conformance.json").read_text())
+    del data["columns"]  # as written before runs were recorded: no date, no options
+    (tmp_path / "conformance.json").write_text(json.dumps(data))
+    json_path, _ = write_report(tmp_path, "fake", fold([]))
+    assert list(json.loads(json_path.read_text())["backends"]) == ["fake"]
+
+
+def test_the_verdict_follows_the_exit_status() -> None:
+    assert run_verdict(0, {"pass": 3}) == ("pass", "")
+    assert run_verdict(1, {"fail": 1}) == ("fail", "")
+    assert run_verdict(2, {}) == ("error", "interrupted")
+    assert run_verdict(5, {}) == ("error", "no test selected")
+    assert run_verdict(None, {"fail": 1}) == ("fail", ""), "a report written directly"
+
+
+_PASSING = """
+import pytest
+
+
+@pytest.mark.clause("REG-2")
+def test_passes():
+    pass
+"""
+
+
+def test_the_console_ends_with_the_verdict_and_the_report_keeps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import conformance.plugin as plugin
+
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    # Its own module name: the in-process runs above imported a ``test_probe`` already.
+    (suite / "test_passing_probe.py").write_text(_PASSING)
+    (suite / "pytest.ini").write_text("[pytest]\n")
+    monkeypatch.setattr(plugin, "_TESTS_DIR", suite.resolve())
+    code = pytest.main([
+        str(suite), "-c", str(suite / "pytest.ini"), "--rootdir", str(suite), "-q",
+        "-p", "conformance.plugin", "-p", "no:cacheprovider", "--import-mode=importlib",
+        "--backend=fake", "--conformance-level=core", f"--report-dir={tmp_path / 'report'}",
+    ])
+    assert code == pytest.ExitCode.OK
+    line = "conformance verdict: pass (backend fake, level core, 1 test)"
+    assert capsys.readouterr().out.strip().splitlines()[-1] == line
+    data = json.loads((tmp_path / "report" / "conformance.json").read_text())
+    assert data["last_run"]["line"] == line and data["verdict"] == "pass"
+    assert (data["last_run"]["device"], data["last_run"]["exit_status"]) == ("cpu", 0)
+
+
 def test_summary_counts_each_level_and_lists_non_passes() -> None:
     lines = summary_lines("fake", fold([TestOutcome("t::e", ("REG-3",), "fail", "boom")]))
     assert lines[0] == f"clauses on backend 'fake': {len(spec.CLAUSES)} total"
@@ -293,6 +434,12 @@ def _run_suite(tmp_path: Path, backend: str, level: str, *pytest_args: str) -> t
         capture_output=True, text=True, timeout=300,
     )
     data = json.loads((report / "conformance.json").read_text())
+    # The run's provenance and verdict are in the report, and the verdict is the console's last
+    # line.
+    run = data["last_run"]
+    assert (run["backend"], run["level"], run["exit_status"]) == (backend, level, done.returncode)
+    assert run["verdict"] == ("pass" if done.returncode == 0 else "fail"), run
+    assert done.stdout.strip().splitlines()[-1] == run["line"], done.stdout[-500:]
     return done.returncode, data["backends"][next(iter(data["backends"]))]
 
 

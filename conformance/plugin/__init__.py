@@ -15,6 +15,7 @@ import fnmatch
 import os
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -22,7 +23,7 @@ import pytest
 
 if TYPE_CHECKING:  # the run-time imports are lazy: see the module docstring
     from ._backend import Backend
-    from ._report import TestOutcome, TestResult
+    from ._report import RunInfo, TestOutcome, TestResult
 
 ENV_VAR = "CONFORMANCE_BACKEND"
 """Environment variable giving the backend when ``--backend`` is not passed."""
@@ -57,8 +58,9 @@ is made of, or ``None`` when it is not made only of violations (it fails every c
 
 class ConformanceState:
     """The plugin's one state object: whether the run asked for conformance, the backend of the
-    run (loaded on first use), the selected levels, the known failures from ``--xfail-file``, the
-    report folder, and one :class:`TestOutcome` per finished conformance test."""
+    run (loaded and checked on first use), the selected levels, the known failures from
+    ``--xfail-file``, the report folder, one :class:`TestOutcome` per finished conformance test,
+    and at the end the run's provenance and verdict (:class:`RunInfo`)."""
 
     def __init__(
         self,
@@ -68,16 +70,21 @@ class ConformanceState:
         level: LevelChoice = "all",
         model: str | None = None,
         sanitize: str = "off",
+        xfail_file: str | None = None,
     ) -> None:
         self.backend_name = backend_name
+        self.backend_option = backend_name
         self.model = model
         self.sanitize = sanitize
         self.xfail = xfail
+        self.xfail_file = xfail_file
         self.report_dir = report_dir
         self.level = level
         self.active = False
+        self.started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.results: list[TestOutcome] = []
         self.report_paths: tuple[Path, Path] | None = None
+        self.run: RunInfo | None = None
         self._backend: Backend | None = None
 
     @classmethod
@@ -94,6 +101,7 @@ class ConformanceState:
             config.getoption("conformance_level"),
             config.getoption("conformance_model"),
             config.getoption("conformance_sanitize"),
+            path,
         )
         if given or state.model:
             state.activate()
@@ -101,8 +109,11 @@ class ConformanceState:
 
     @property
     def label(self) -> str:
-        """The report's column: the backend, and the model checked when ``--model`` names one."""
-        return f"{self.backend_name} + model {self.model}" if self.model else self.backend_name
+        """The report's column, one per option set: the backend, ``+ model M`` when ``--model``
+        names one, ``+ sanitize S`` when ``--sanitize`` is on (:func:`._report.column_label`)."""
+        from ._report import column_label
+
+        return column_label(self.backend_name, self.model, self.sanitize)
 
     @property
     def levels(self) -> tuple[str, ...]:
@@ -117,7 +128,7 @@ class ConformanceState:
         from ._backend import parse_backend_name
 
         try:
-            self.backend_name = parse_backend_name(self.backend_name)
+            self.backend_name = self.backend_option = parse_backend_name(self.backend_name)
         except ValueError as error:
             raise pytest.UsageError(f"--backend (or ${ENV_VAR}): {error}") from None
         if self.model:
@@ -130,18 +141,107 @@ class ConformanceState:
         self.active = True
 
     def backend(self) -> Backend:
-        """The run's :class:`Backend`, loaded on first use (no device is built yet)."""
+        """The run's :class:`Backend`, loaded and checked on first use (:func:`check_backend`:
+        its device built, the ``--model`` factory called once); :class:`pytest.UsageError` with
+        the one line naming the cause, before any test runs."""
         self.activate()
         if self._backend is None:
-            from ._backend import load_backend
-
             try:
-                self._backend = load_backend(self.backend_name)
-            except (ValueError, TypeError, ImportError) as error:
-                raise pytest.UsageError(f"--backend {self.backend_name}: {error}") from None
+                self._backend = check_backend(self.backend_name, self.model)
+            except ValueError as error:
+                raise pytest.UsageError(str(error)) from None
             # Third-party adapters may name themselves; reports show that name.
             self.backend_name = self._backend.label
         return self._backend
+
+    def run_info(self, exit_status: int) -> RunInfo:
+        """The run's provenance and verdict, from pytest's ``exit_status`` and the results."""
+        from ._report import RunInfo, run_verdict
+
+        outcomes = Counter(result.outcome for result in self.results)
+        verdict, reason = run_verdict(int(exit_status), outcomes)
+        return RunInfo(
+            self.label, self.backend_option, self.level, self.sanitize, self.model,
+            self.xfail_file, time=self.started,
+            device=_device_text(self._backend) if self._backend is not None else "not built",
+            tests=len(self.results), outcomes=dict(outcomes), exit_status=int(exit_status),
+            verdict=verdict, reason=reason,
+        )
+
+
+def _one_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+_FACTORY_HINT: Final = (
+    "--backend module:factory needs an importable module and a factory() of no arguments "
+    "returning a conformance.Backend (built with conformance.Adapter) or a device module"
+)
+
+
+def check_backend(name: str, model: str | None = None) -> Backend:
+    """Load the backend ``name`` (a ``--backend`` value), build its device and, with ``model``
+    (``MODULE:FACTORY``), load the model factory and call it once on that device, all before any
+    test runs. :class:`ValueError` with one line naming the cause and what to do: no CUDA for
+    ``cuda``, a backend factory that does not import, takes arguments, raises or returns the
+    wrong thing, a device factory that raises, a model factory that does not accept ``(device,
+    dtype)``, raises, or returns what the runners cannot take."""
+    from ._backend import BUILTIN_BACKENDS, load_backend
+
+    name = name.strip()
+    if name == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"--backend cuda: no CUDA device here (torch {torch.__version__}: "
+                "torch.cuda.is_available() is False); run on a machine with a CUDA GPU and a "
+                "CUDA build of torch, or use --backend fake"
+            )
+    try:
+        backend = load_backend(name)
+    except Exception as error:
+        hint = "" if name in BUILTIN_BACKENDS else f"; {_FACTORY_HINT}"
+        raise ValueError(f"--backend {name}: {_one_line(error)}{hint}") from None
+    if name == "fake":
+        # The simulator builds on any machine and its device is the CPU; building it costs
+        # seconds of warm-up, which the run's first test pays anyway.
+        import torch
+
+        where = torch.device("cpu")
+    else:
+        try:
+            where = backend.device.device
+        except Exception as error:
+            raise ValueError(
+                f"--backend {name}: building its device raised {type(error).__name__}: "
+                f"{_one_line(error)}; fix the backend's device factory"
+            ) from None
+    if model:
+        from ..scenarios._user_model import check_model_factory
+
+        check_model_factory(model, where)
+    return backend
+
+
+def _device_text(backend: Backend) -> str:
+    """The backend's torch device for the report, with the GPU's name on CUDA."""
+    if backend.name == "fake":  # the simulator's device is the CPU: no warm-up to name it
+        return "cpu"
+    try:
+        device = backend.device.device
+    except Exception as error:  # reported, not raised: the run is over
+        return f"not built ({type(error).__name__})"
+    text = str(device)
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        try:
+            text += f" ({torch.cuda.get_device_name(device)})"
+        except Exception:
+            pass
+    return text
 
 
 def _read_xfail_file(path: Path) -> list[tuple[str, str]]:
@@ -271,7 +371,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="DIR",
         help=(
             "write the clause report (conformance.md, conformance.json: clauses x levels x "
-            "backends, merged with earlier runs' backends in DIR) at the end of the run."
+            "columns, one column per option set: backend, model, sanitize) at the end of the "
+            "run; the run replaces its own column in DIR, records its provenance and verdict, "
+            "and keeps the other columns."
         ),
     )
 
@@ -291,7 +393,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "capability(*names): backend capabilities the test needs (conformance.Capability); "
         "skipped with the reason on a backend without them",
     )
-    config.stash[state_key] = ConformanceState.from_config(config)
+    state = config.stash[state_key] = ConformanceState.from_config(config)
+    if state.active:  # --backend or --model given: a backend that cannot run ends the run now
+        state.backend()
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -561,15 +665,26 @@ def pytest_runtest_makereport(
     return report
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> Iterator[None]:
+    """Before the terminal summary: the run's verdict and provenance, and the report. After
+    everything else (this wrapper is the outermost): the verdict, as the console's last line."""
     state = session.config.stash.get(state_key, None)
-    if state is None or state.report_dir is None or not state.results:
-        return
-    from ._report import fold, write_report
+    if state is not None and state.active and (state.results or exitstatus not in (0, 1)):
+        state.run = state.run_info(exitstatus)
+        if state.report_dir is not None and state.results:
+            from ._report import fold, write_report
 
-    state.report_paths = write_report(
-        state.report_dir, state.label, fold(state.results, state.levels)
-    )
+            state.report_paths = write_report(
+                state.report_dir, state.label, fold(state.results, state.levels), state.run
+            )
+    result = yield
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if state is not None and state.run is not None and reporter is not None:
+        verdict = state.run.verdict
+        reporter.write_line(state.run.line, bold=True, green=verdict == "pass",
+                            red=verdict != "pass")
+    return result
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

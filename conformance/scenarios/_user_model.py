@@ -10,14 +10,15 @@ hold at least :data:`MIN_VOCAB` ids (the scenarios' prompts use ids below it). W
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any, Final
 
 import torch
 
 __all__ = [
-    "DEFAULT_MODEL", "MIN_VOCAB", "build_model_under_test", "load_model_factory",
-    "parse_model_name",
+    "DEFAULT_MODEL", "MIN_VOCAB", "build_model_under_test", "check_model_factory",
+    "load_model_factory", "parse_model_name",
 ]
 
 MIN_VOCAB: Final = 64
@@ -47,13 +48,66 @@ def load_model_factory(name: str | None) -> Callable[[torch.device, torch.dtype]
     return found
 
 
+def check_model_factory(name: str, device: torch.device) -> None:
+    """Check ``--model name`` before any test runs: the factory loads, its signature accepts
+    ``(device, dtype)``, and ``FACTORY(device, torch.float32)`` returns a model the runners take.
+    :class:`ValueError` with one line naming the cause and what to do (the model is dropped)."""
+    try:
+        factory = load_model_factory(name)
+    except Exception as error:
+        raise ValueError(
+            f"--model {name}: cannot load it ({type(error).__name__}: {_first_line(error)}); "
+            "name an importable module and a callable in it, MODULE:FACTORY"
+        ) from None
+    attr = name.partition(":")[2]
+    try:
+        signature: inspect.Signature | None = inspect.signature(factory)
+    except (TypeError, ValueError):  # no signature to read (a builtin): calling it tells
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(device, torch.float32)
+        except TypeError as error:
+            raise ValueError(
+                f"--model {name}: {attr}{signature} cannot be called as FACTORY(device, dtype) "
+                f"({error}); give it the parameters (device, dtype)"
+            ) from None
+    try:
+        model = factory(device, torch.float32)
+    except Exception as error:
+        raise ValueError(
+            f"--model {name}: {attr}(device, dtype) raised {type(error).__name__}: "
+            f"{_first_line(error)}; fix the factory (it is called with the backend's torch "
+            "device and torch.float32)"
+        ) from None
+    try:
+        _as_runner_model(model, name)
+    except Exception as error:
+        message = _first_line(error)
+        cause = (message.removeprefix(f"--model {name}").lstrip(": ")
+                 if message.startswith(f"--model {name}")
+                 else f"its model cannot be used ({type(error).__name__}: {message})")
+        raise ValueError(
+            f"--model {name}: {cause}; FACTORY(device, dtype) must return a spec.RunnerModel or "
+            f"a transformers causal LM, with a vocabulary of at least {MIN_VOCAB}"
+        ) from None
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
 def build_model_under_test(factory: Callable[..., Any], device: torch.device, name: str) -> Any:
     """``factory(device, torch.float32)`` as a runner model (a transformers model is wrapped);
     :class:`TypeError` / :class:`ValueError` naming ``name`` for one the runners cannot take."""
+    return _as_runner_model(factory(device, torch.float32), name)
+
+
+def _as_runner_model(model: Any, name: str) -> Any:
     import impl
     import spec
 
-    model = factory(device, torch.float32)
     if getattr(model, "runner_config", None) is None and _is_transformers_model(model):
         model = impl.from_transformers(model)
     config = getattr(model, "runner_config", None)

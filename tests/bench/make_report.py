@@ -4,8 +4,9 @@
 what the benchmarks wrote there (``bench_runners.json``, ``breakable_overhead.json``,
 ``break_copies.json``, ``bench_registry_cuda.json``, ``bench_capture.json``, ``bench_fake.json``,
 ``bench_fake_speed.json``,
-``nox_cpu.json``, ``bench_transformers.json``, ``bench_sanitizer.json``, ``bench_tp.json``,
-``bench_overlap.json``), and
+``nox_cpu.json``: ``seconds`` and ``cpus``, and where measured ``cpu_seconds``, ``load`` (the
+load average while it ran) and ``date``, ``bench_transformers.json``, ``bench_sanitizer.json``,
+``bench_tp.json``, ``bench_overlap.json``), and
 writes ``DIR/bench.md``: one table per benchmark with its target, the measured figure and whether
 it meets the target, headed by the GPU, torch and CUDA versions and the date of the run. With
 matplotlib installed it also writes ``prefill_latency.png`` (latency against token count: eager,
@@ -198,8 +199,18 @@ def _fake(data: dict[str, Any] | None, nox_cpu: dict[str, Any] | None,
     if nox_cpu:
         minutes = nox_cpu["seconds"] / 60
         what = nox_cpu.get("what", "`nox -s cpu`")
-        out += [f"{what}, wall time on {nox_cpu['cpus']} cores: {minutes:.1f} min "
-                f"(target under 10): {_verdict(minutes < 10)}.", ""]
+        line = (f"{what}, wall time on {nox_cpu['cpus']} cores: {minutes:.1f} min "
+                f"(target under 10): {_verdict(minutes < 10)}")
+        # A wall time means little without the machine's load and the CPU time beside it: a
+        # loaded host stretches the one and not the other.
+        facts = []
+        if "cpu_seconds" in nox_cpu:
+            facts.append(f"CPU time {nox_cpu['cpu_seconds']:,.0f} s (user + system)")
+        facts.append(f"load average {nox_cpu['load']}" if "load" in nox_cpu else
+                     "the machine's load not recorded")
+        if "date" in nox_cpu:
+            facts.append(f"measured {nox_cpu['date']}")
+        out += [f"{line}; {', '.join(facts)}.", ""]
     return out
 
 
