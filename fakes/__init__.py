@@ -7,6 +7,7 @@ CUDA-graph capture (recording, not executing), replay, memory pools and their ha
 
 import spec as _spec
 from spec import GraphState
+from spec import __version__ as __version__
 
 from . import _handlers  # noqa: F401  (registers the built-in op handlers)
 from ._allocator import FakePool, is_poisoned, poison_value

@@ -143,6 +143,8 @@ class Block:
         self.storage = self.new_storage()
         self.gen = 0
         self.tenant: weakref.ref[torch.UntypedStorage] | None = None
+        # The block's entry in its device's write log: read it freely, assign it only through
+        # the memory table (fakes._memory.MemoryTable.record_write and friends).
         self.last_write: WriteStamp | None = None
 
     def new_storage(self) -> torch.UntypedStorage:

@@ -171,6 +171,9 @@ class FakeDevice:
         self.Stream: type[FakeStream] = type("Stream", (FakeStream,), dict(bind))
         self.Event: type[FakeEvent] = type("Event", (FakeEvent,), dict(bind))
         self.CUDAGraph: type[FakeCUDAGraph] = type("CUDAGraph", (FakeCUDAGraph,), dict(bind))
+        # What this device's streams and graphs are instances of, whatever a caller later
+        # binds to the public names (a test counting the graphs it makes, say).
+        self._stream_type, self._graph_type = self.Stream, self.CUDAGraph
         self.order = StreamOrder()
         """Stream order: every stream registers with it at creation (``ORD-*``)."""
         self.memory = MemoryTable(self.id)
@@ -288,7 +291,7 @@ class FakeDevice:
         If the body raises, the capture is aborted (the device is clean, ``CAP-1``) and the
         exception propagates; the graph is left ``FAILED`` until ``reset()`` (``LIFE-1``).
         """
-        if not isinstance(cuda_graph, FakeCUDAGraph) or cuda_graph._device is not self:
+        if not isinstance(cuda_graph, self._graph_type):
             raise TypeError(f"cuda_graph must be a CUDAGraph of {self!r}, got {cuda_graph!r}")
         check_capture_error_mode(capture_error_mode)
         if stream is None:
@@ -399,11 +402,11 @@ class FakeDevice:
     # -- internals -----------------------------------------------------------------------------
 
     def _check_stream(self, stream: Any, param: str) -> None:
-        if not isinstance(stream, FakeStream) or stream._device is not self:
+        if not isinstance(stream, self._stream_type):
             raise TypeError(f"{param} must be a Stream of {self!r}, got {stream!r}")
 
     def _program_of(self, graph: FakeCUDAGraph) -> Program:
-        if not isinstance(graph, FakeCUDAGraph) or graph._device is not self:
+        if not isinstance(graph, self._graph_type):
             raise TypeError(f"graph must be a CUDAGraph of {self!r}, got {graph!r}")
         return graph.program
 

@@ -21,8 +21,9 @@ Replay, in order:
    a functional op writes its recorded output memory through its ``out=`` overload, or
    computes and copies into it where it has none (:func:`launch`); views of pool memory are
    built once, views of memory held weakly for every replay;
-5. records its writes as each written block's last writer, for the pool checks and, with the
-   replay stream, for stream order.
+5. records its writes as each written block's last writer, in the device's write log
+   (:meth:`~fakes._memory.MemoryTable.record_writes`) for the pool checks, and with the
+   replay stream for stream order.
 
 Steps 1 to 5 are :meth:`Program.replay`; :meth:`FakeCUDAGraph.replay` calls it with the current
 stream.
@@ -113,6 +114,7 @@ class Program:
                 own.setdefault((ref.block, ref.dtype), []).append(view)
         self._own_groups = tuple((m, dtype, tuple(vs)) for (m, dtype), vs in own.items())
         self._weak_groups = tuple((m, dtype, tuple(vs)) for (m, dtype), vs in weak.items())
+        self._memory = recorder.device.memory  # the device's table: its write log (step 5)
 
     def _own_views(self) -> list[torch.Tensor | None]:
         # Own-pool memory never moves while the graph lives: build those views once (None
@@ -194,13 +196,15 @@ class Program:
                     done += 1
         finally:
             if done == len(self.ops):
-                for block, stamp in self.final_writes:
-                    block.last_write = stamp
+                self._memory.record_writes(self.final_writes)
             else:
-                for op in self.ops[:done]:
-                    for index, stamp in zip(op.writes, op.stamps, strict=True):
-                        if stamp is not None:
-                            self.refs[index].block.last_write = stamp  # type: ignore[union-attr]
+                refs = self.refs
+                self._memory.record_writes(
+                    (refs[index].block, stamp)  # type: ignore[misc]
+                    for op in self.ops[:done]
+                    for index, stamp in zip(op.writes, op.stamps, strict=True)
+                    if stamp is not None
+                )
 
 
 def strided_views(

@@ -1,16 +1,18 @@
 """The device's memory table: every pool of a :class:`~fakes.FakeDevice` and every block they
 handed out, known by address, so that any tensor can be attributed to the memory CUDA would
-see (a pool block at an offset, or memory outside every pool)."""
+see (a pool block at an offset, or memory outside every pool); and the *write log*, each
+block's last graph writer (``Block.last_write``), which only the table assigns."""
 
 from __future__ import annotations
 
 import bisect
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from ._allocator import Block, FakePool, storage_bytes
+from ._allocator import Block, FakePool, WriteStamp, storage_bytes
 
 __all__ = ["MemoryTable"]
 
@@ -20,7 +22,17 @@ class MemoryTable:
     writes them). Streams, graphs, the recorder and scratch tracking ask it where a tensor's
     memory lies (:meth:`locate`, :meth:`memory_of`); pools are made here (:meth:`new_pool`)
     and every block a pool makes is registered here when it is made (:meth:`register_block`,
-    the pool's ``on_new_block``)."""
+    the pool's ``on_new_block``).
+
+    The table also keeps the *write log*: each block's last writer as a graph's op or a break
+    replayed in a graph's place (a :class:`~fakes._allocator.WriteStamp`, read as
+    ``block.last_write``), which the pool checks (``MEM-4``, ``MEM-8``) compare with the
+    allocation a read expects. Three writers feed it, all through the table: the recorder
+    predicts each capture-time write (:meth:`record_write`, undone by :meth:`forget_writes`
+    when the capture aborts), and a replay, of a graph or of a break's call watched as scratch,
+    stamps what it wrote (:meth:`record_writes`). Reads of ``block.last_write`` are free; no one
+    else assigns it.
+    """
 
     def __init__(self, device_id: int) -> None:
         self.device_id = device_id
@@ -107,3 +119,28 @@ class MemoryTable:
         """What stream order keys ``tensor``'s memory by: its pool block, or its storage."""
         located = self.locate(tensor)
         return located[0] if located is not None else tensor.untyped_storage()
+
+    # -- the write log ----------------------------------------------------------------------------
+
+    @staticmethod
+    def record_write(block: Block, stamp: WriteStamp) -> WriteStamp | None:
+        """Make ``stamp`` the last write of ``block``; return the write it replaces, for
+        :meth:`forget_writes` (a capture's predicted write, undone if the capture aborts)."""
+        previous = block.last_write
+        block.last_write = stamp
+        return previous
+
+    @staticmethod
+    def record_writes(stamps: Iterable[tuple[Block, WriteStamp]]) -> None:
+        """Make each ``(block, stamp)``'s stamp the last write of its block, in order (a
+        replay's writes: a block written twice keeps the later)."""
+        for block, stamp in stamps:
+            block.last_write = stamp
+
+    @staticmethod
+    def forget_writes(replaced: list[tuple[Block, WriteStamp | None]]) -> None:
+        """Undo writes made by :meth:`record_write`, given each block and the write its
+        :meth:`record_write` returned, in the order they were made: the log is back where it
+        was before the first of them."""
+        for block, previous in reversed(replaced):
+            block.last_write = previous

@@ -198,8 +198,8 @@ class _ReplayWatch(TorchDispatchMode):
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)
         if exc[0] is None:
-            for block in self._written:
-                block.last_write = self._stamps[block]
+            stamps = self._stamps
+            self._device.memory.record_writes((block, stamps[block]) for block in self._written)
 
 
 class _FreshStorages(TorchDispatchMode):

@@ -29,7 +29,7 @@ import itertools
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
@@ -119,8 +119,7 @@ class Capture:
         if self.closed:
             return
         if self.recorder is not None:
-            for block, previous in reversed(self.recorder.undo):
-                block.last_write = previous
+            self.recorder.forget_writes()
         self.error = error
         self._close()
 
@@ -242,8 +241,9 @@ class FakeStream:
         """
         if not isinstance(event, FakeEvent):
             raise TypeError(f"event must be an Event of this device, got {event!r}")
-        cap, own = event._capture, self._capture
-        if own is not None and event._recorded and cap is not own:
+        mark = event.mark
+        cap, own = mark.capture, self._capture
+        if own is not None and mark.recorded and cap is not own:
             # A capturing stream may depend only on work of its own capture: CUDA refuses a
             # wait on an event recorded outside it (cudaErrorStreamCaptureIsolation) and
             # invalidates the capture (CAP-6).
@@ -256,16 +256,16 @@ class FakeStream:
             )
         if cap is not None and not cap.closed:
             if own is None:
-                cap.fork(self, event._covers)  # a fork: this stream joins the capture
+                cap.fork(self, mark.covers)  # a fork: this stream joins the capture
             elif own is cap:
                 if self is cap.origin:
-                    cap.join(event._covers)
+                    cap.join(mark.covers)
                 else:
-                    for stream, seq in event._covers.items():
+                    for stream, seq in mark.covers.items():
                         if self._absorbed.get(stream, -1) < seq:
                             self._absorbed[stream] = seq
         if self._capture is None:
-            self._order_after(event._order)  # an eager wait (ORD-1); a capture's is a node
+            self._order_after(mark.order)  # an eager wait (ORD-1); a capture's is a node
 
     # -- stream order (owned here: only these two methods write _issued and _waited) ----------
 
@@ -319,6 +319,21 @@ class FakeStream:
         return f"<fake {kind}{capturing}>"
 
 
+class EventMark(NamedTuple):
+    """What an event's latest ``record()`` marked, for the streams that wait on it."""
+
+    recorded: bool
+    """Whether the event was recorded at all (waiting on one never recorded is a no-op)."""
+    capture: Capture | None
+    """The capture it was recorded in; ``None`` when recorded eagerly (or never)."""
+    covers: dict[FakeStream, int]
+    """Per stream of that capture, how far its work had got (a fork's or a join's reach)."""
+    order: dict[FakeStream, int]
+    """The recording stream's clock when recorded eagerly (``ORD-1``); empty when never
+    recorded or recorded inside a capture (a graph node, which orders no eager work,
+    ``ORD-3``)."""
+
+
 class FakeEvent:
     """A logical event of a :class:`~fakes.FakeDevice` (``torch.cuda.Event``'s shape).
 
@@ -336,22 +351,18 @@ class FakeEvent:
         self.blocking = blocking
         self.interprocess = interprocess
         self.event_id = next(_event_ids)
-        self._capture: Capture | None = None
-        self._covers: dict[FakeStream, int] = {}
-        self._recorded = False
-        # The recording stream's clock when recorded eagerly (ORD-1); empty when never recorded
-        # or recorded inside a capture (a graph node, which orders no eager work, ORD-3).
-        self._order: dict[FakeStream, int] = {}
+        self.mark = EventMark(False, None, {}, {})
+        """What the latest :meth:`record` marked (streams waiting on the event read it)."""
 
     def record(self, stream: FakeStream | None = None) -> None:
         """Record the event on ``stream`` (the current stream if ``None``)."""
         if stream is None:
             stream = self._device.current_stream()
         cap = stream.capture
-        self._recorded = True
-        self._capture = cap
-        self._covers = stream.capture_covers() if cap is not None else {}
-        self._order = stream.clock() if cap is None else {}
+        if cap is None:
+            self.mark = EventMark(True, None, {}, stream.clock())
+        else:
+            self.mark = EventMark(True, cap, stream.capture_covers(), {})
 
     def wait(self, stream: FakeStream | None = None) -> None:
         """Make ``stream`` (the current stream if ``None``) wait for the event."""
@@ -360,7 +371,8 @@ class FakeEvent:
         stream.wait_event(self)
 
     def _in_live_capture(self) -> bool:
-        return self._capture is not None and not self._capture.closed
+        cap = self.mark.capture
+        return cap is not None and not cap.closed
 
     def query(self) -> bool:
         """Always ``True`` outside capture. A host sync (see :meth:`FakeStream.query`): later
@@ -368,7 +380,7 @@ class FakeEvent:
         self._device.capture_state.host_sync(
             f"{self!r}.query()", touches_capture=self._in_live_capture()
         )
-        self._device.order.host_waited(self._order)
+        self._device.order.host_waited(self.mark.order)
         return True
 
     def synchronize(self) -> None:
@@ -376,7 +388,7 @@ class FakeEvent:
         self._device.capture_state.host_sync(
             f"{self!r}.synchronize()", touches_capture=self._in_live_capture()
         )
-        self._device.order.host_waited(self._order)
+        self._device.order.host_waited(self.mark.order)
 
     def elapsed_time(self, end_event: FakeEvent) -> float:
         """``0.0``: the fake keeps no time. Both events need ``enable_timing=True``."""

@@ -7,6 +7,7 @@ CUDA. Every public name is re-exported here; the modules behind them are private
 ``cuda-python`` to import.
 """
 
+from spec import __version__ as __version__
 from spec import get_device
 
 from .breakable import (

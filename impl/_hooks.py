@@ -20,7 +20,11 @@ from typing import Any
 
 from torch.utils.hooks import RemovableHandle
 
+from spec import register_machinery
+
 __all__ = ["RemovableHandle", "StepHooks"]
+
+register_machinery(__name__)  # its frames never issue a recorded op
 
 Hook = Callable[..., Any]
 

@@ -66,5 +66,17 @@ define(
             argmax, host values reach the device through one non-blocking copy per step, and
             the host synchronizes once per generation. A staging stream that skips its wait
             on step n is a StreamRace on the fake."""),
+        ("RUN-14",
+         """Nothing leaked: whatever raises in the middle of generate (the model, a graph
+            runner or its hook, a step the ranks refuse, a KeyboardInterrupt), in both modes
+            (overlap=True included, a step staged but not launched too) and with graphs on or
+            off, every request of that call gives its request row and KV slots back, each
+            exactly once, before the exception leaves generate: the KV pool's free token slots
+            and free request rows are those before the call. On several ranks this holds on
+            every rank, the raising one and the ones that fail because it left. The next
+            generate on the same runner equals eager.""",
+         """The exception that leaves generate is the one raised, unchanged (the same
+            object), also when giving the requests back fails too: that failure is added to
+            it as a note, never raised in its place."""),
     ],
 )

@@ -1,6 +1,8 @@
 """Breakable CUDA graphs: segments of device graphs with eager calls (breaks) between them, the
 capture context manager, and the markers model code uses (``eager_on_graph``, ``break_graph``)."""
 
+import spec as _spec
+
 from ._breakable_capture import CAPTURE_STEPS, BreakableCUDAGraphCapture, default_capture_stream
 from ._breakable_graph import BreakableCUDAGraph
 from ._breakable_state import (
@@ -12,6 +14,8 @@ from ._breakable_state import (
 from ._eager_on_graph import break_graph, eager_on_graph, enable_breakable_cuda_graph
 from ._graph_break import GraphBreak, copy_into
 from ._profile import BreakTiming, ReplayProfile
+
+_spec.register_machinery(__name__)  # its frames never issue a recorded op
 
 __all__ = [
     "BreakTiming",

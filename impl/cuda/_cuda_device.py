@@ -286,8 +286,8 @@ class CudaDevice:
             raise TypeError(f"graph must be a CudaDevice.CUDAGraph, got {type(graph).__name__}")
         if not graph.keep_graph:
             raise ValueError("graph must be built with CUDAGraph(keep_graph=True) to be inspected")
-        if not graph._ready:
-            raise GraphNotReady()
+        if graph.state is not GraphState.READY:
+            raise GraphNotReady(state=graph.state)
         rt = _cudart()
         if rt is None:
             raise RuntimeError("graph introspection on CUDA needs cuda-python (cuda.bindings)")

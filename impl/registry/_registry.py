@@ -121,24 +121,24 @@ class CudaGraphBufferRegistry:
             if bind is not None:
                 raise ValueError(f"register_slot: slot {slot.name!r} is disabled but bind= given")
             self._slots[slot.name] = slot
-            slot._registered = True
+            slot.mark_registered()
             return slot
         shape = torch.Size(slot.shape_fn(self.max_bs, self.max_num_tokens))
         device = slot.device if slot.device is not None else self.device
         if bind is not None:
-            slot._attach(self._check_bound(slot, bind, shape, device))
+            slot.attach(self._check_bound(slot, bind, shape, device))
         else:
             # Check the slot on a private tensor first: a rejected slot must touch neither the
             # shared pool nor a buffer another registry already uses.
-            slot._attach(torch.zeros(shape, dtype=slot.dtype, device=device))
+            slot.attach(torch.zeros(shape, dtype=slot.dtype, device=device))
             if self.share_pool:
                 pooled = share_input_buffer(slot.name, slot.buffer)
                 if pooled is not slot.buffer:
-                    slot._attach(pooled)
+                    slot.attach(pooled)
             if slot.padding_policy in (PaddingPolicy.FILL_SENTINEL, PaddingPolicy.FILL_ONCE):
                 slot.buffer.fill_(slot.pad_value)
         self._slots[slot.name] = slot
-        slot._registered = True
+        slot.mark_registered()
         return slot
 
     @staticmethod
@@ -214,13 +214,13 @@ class CudaGraphBufferRegistry:
         computed: list[GraphSlot] = []
         for slot in self._enabled():
             raw, padded = ctx.raw(slot.axis), ctx.padded(slot.axis)
-            if padded is not None and padded > slot._capacity():
+            if padded is not None and padded > slot.capacity:
                 raise ValueError(
-                    f"slot {slot.name!r} holds {slot._capacity()} rows along its axis, "
+                    f"slot {slot.name!r} holds {slot.capacity} rows along its axis, "
                     f"fewer than padded={padded}"
                 )
             if raw is not None and raw < padded:
-                region = slot.buffer.narrow(slot._axis_dim, raw, padded - raw)
+                region = slot.buffer.narrow(slot.axis_dim, raw, padded - raw)
                 if slot.padding_policy is PaddingPolicy.ZERO:
                     # A foreach over mixed dtypes or strided views falls back to one kernel
                     # per tensor: group dense regions by dtype, give strided ones their own.
@@ -233,7 +233,7 @@ class CudaGraphBufferRegistry:
             if slot.source_fn is not None:
                 computed.append(slot)
                 continue
-            dst = slot.buffer if raw is None else slot._prefix(raw)
+            dst = slot.buffer if raw is None else slot.head(raw)
             heads.append((slot, dst, dst.shape))
         hooks = [(s.post_fill, s.buffer) for s in self._enabled() if s.post_fill is not None]
         if len(self._plans) >= _MAX_PLANS:
@@ -250,7 +250,7 @@ class CudaGraphBufferRegistry:
         src = slot.source_fn(fb, ctx)
         if src is None:
             return None
-        buf, dim = slot.buffer, slot._axis_dim
+        buf, dim = slot.buffer, slot.axis_dim
         if (
             not isinstance(src, torch.Tensor)
             or src.dim() != buf.dim()
@@ -260,7 +260,7 @@ class CudaGraphBufferRegistry:
                 f"slot {slot.name!r}: source_fn gave {_describe(src)}, which does not fit the "
                 f"buffer of shape {tuple(buf.shape)}"
             )
-        dst = slot._prefix(src.shape[dim])
+        dst = slot.head(src.shape[dim])
         if src.shape != dst.shape:
             raise ValueError(
                 f"slot {slot.name!r}: source_fn gave shape {tuple(src.shape)}, which does not "

@@ -180,11 +180,7 @@ class GraphSlot:
         ``slice_fn(buffer, n)`` when given; the whole buffer for axis ``"none"``; otherwise the
         first ``padded`` rows. :class:`RuntimeError` before the slot has a buffer (``REG-6``).
         """
-        buf = self.buffer
-        if buf is None:
-            raise RuntimeError(
-                f"GraphSlot {self.name!r} has no buffer (not registered, or disabled)"
-            )
+        buf = self._buffer()
         if self.axis == "none":
             return buf
         n = padded_bs if self.axis == "bs" else padded_num_tokens
@@ -192,10 +188,31 @@ class GraphSlot:
             return self.slice_fn(buf, n)
         return buf.narrow(0, 0, n)
 
-    # -- used by the registry -----------------------------------------------------------------
+    @property
+    def axis_dim(self) -> int:
+        """The buffer dimension the slot's axis runs along: 0, or the one dimension
+        ``slice_fn`` shortens (known once the slot has a buffer; 0 before)."""
+        return self._axis_dim
 
-    def _attach(self, buffer: torch.Tensor) -> None:
-        """Adopt ``buffer`` and work out the axis dimension (probing ``slice_fn``)."""
+    @property
+    def capacity(self) -> int:
+        """The buffer's length along :attr:`axis_dim`: the largest padded size a fill may ask
+        of the slot. :class:`RuntimeError` before the slot has a buffer."""
+        return self._buffer().shape[self._axis_dim]
+
+    def head(self, n: int) -> torch.Tensor:
+        """A view (never a copy) of the first ``n`` entries of the buffer along
+        :attr:`axis_dim`, whatever the axis: what a fill copies a source of ``n`` rows into.
+        :class:`RuntimeError` before the slot has a buffer."""
+        return self._buffer().narrow(self._axis_dim, 0, n)
+
+    # -- called by the registry at registration (its steps, in this order) ---------------------
+
+    def attach(self, buffer: torch.Tensor) -> None:
+        """Adopt ``buffer`` and work out :attr:`axis_dim` (probing ``slice_fn``); a
+        :class:`ValueError` when ``slice_fn`` does not return a prefix view of it along one
+        dimension leaves the slot without a buffer. The registry calls this; a slot attached
+        to again (a pooled buffer replacing the first) adopts the later buffer."""
         self.buffer = buffer
         self._axis_dim = 0
         if self.slice_fn is None or self.axis == "none":
@@ -216,10 +233,16 @@ class GraphSlot:
             )
         self._axis_dim = shrunk[0]
 
-    def _prefix(self, n: int) -> torch.Tensor:
-        assert self.buffer is not None
-        return self.buffer.narrow(self._axis_dim, 0, n)
+    def mark_registered(self) -> None:
+        """Fix the declaration: from now on setting one of its fields raises
+        :class:`AttributeError` (the registry caches fill plans made from it). The registry
+        calls this last, once the slot is in its table; it cannot be undone."""
+        self._registered = True
 
-    def _capacity(self) -> int:
-        assert self.buffer is not None
-        return self.buffer.shape[self._axis_dim]
+    def _buffer(self) -> torch.Tensor:
+        buf = self.buffer
+        if buf is None:
+            raise RuntimeError(
+                f"GraphSlot {self.name!r} has no buffer (not registered, or disabled)"
+            )
+        return buf

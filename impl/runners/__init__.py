@@ -1,6 +1,8 @@
 """Graph runners: the model runner, the full-graph decode runner, the breakable prefill runner
 and the vLLM-style graph manager."""
 
+import spec as _spec
+
 from ._common import RunnerStats
 from ._decode import DECODE_STEPS, CudaGraphRunner, DecodeEntry, default_decode_sizes
 from ._layer_stack import resolve_layer_stack
@@ -16,6 +18,8 @@ from ._overlap import OverlapScheduler
 from ._prefill import PREFILL_STEPS, BreakableCudaGraphRunner, PrefillEntry, default_prefill_sizes
 from ._schedule import GenerateOutput, Request, generation_schedule
 from ._target import GraphTarget
+
+_spec.register_machinery(__name__)  # its frames never issue a recorded op
 
 __all__ = [
     "AttentionBackendFactory",

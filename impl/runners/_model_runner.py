@@ -7,7 +7,7 @@ import contextlib
 import functools
 import itertools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -301,10 +301,49 @@ class ModelRunner:
         return Request(self._check_prompt(prompt), self.kv_cache.alloc_request())
 
     def release(self, request: Request) -> None:
-        """Free a finished request's KV slots and row."""
+        """Free a finished request's KV slots and row (once: a second call frees them again)."""
         self.kv_cache.free_tokens(request.slots)
         self.kv_cache.free_request(request.row)
         request.slots = []
+
+    def abort(self, requests: Iterable[Request]) -> None:
+        """Give back requests a failed generation still holds: each one's KV slots and row
+        (:meth:`release`). Every request is attempted even when the release of another one
+        fails; the first failure is raised after the rest. Pass only requests still held:
+        never one already released (``RUN-14``)."""
+        failure: BaseException | None = None
+        for request in list(requests):
+            try:
+                self.release(request)
+            except BaseException as error:  # the others still go back; raised below
+                failure = failure or error
+        if failure is not None:
+            raise failure
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[dict[int, Request]]:
+        """Around a generation: yields the dict of the requests it holds (prompt index ->
+        :class:`~impl.Request`). The body puts each request in as it admits it
+        (:meth:`new_request`) and pops it before it releases it, so a request is in the dict
+        exactly while it holds a row. When anything raises out of the body (the model, a hook,
+        a refused decision, a ``KeyboardInterrupt``), the requests still in the dict are given
+        back (:meth:`abort`), each once, before the exception propagates, unchanged: a release
+        that fails too is added to it as a note, never raised in its place (``RUN-14``).
+
+        The releases run on the current stream: a body that issued steps on other streams
+        makes the current stream wait for them first (a hybrid cache's release rewrites the
+        slot mapping those steps read)."""
+        held: dict[int, Request] = {}
+        try:
+            yield held
+        except BaseException as error:
+            try:
+                self.abort(held.values())
+            except BaseException as failure:  # never in place of what the caller must see
+                _add_note(error, f"releasing the generation's requests failed too: "
+                                 f"{type(failure).__name__}: {failure}")
+            held.clear()
+            raise
 
     def build_batch(
         self, mode: ForwardMode, requests: Sequence[Request],
@@ -451,6 +490,13 @@ class ModelRunner:
 
         ``return_logits=False`` keeps every step's logits on the device (``logits`` is
         ``None``): what an engine that samples on the device copies back is the token ids.
+
+        .. note::
+            Whatever raises during a generation (the model, a graph runner or its hook, a step
+            the ranks refuse, a ``KeyboardInterrupt``), every request of the call gives its
+            rows and KV slots back before the exception leaves, in both modes and on every
+            rank; the exception is the one raised, and the next generation works
+            (``RUN-14``, :meth:`holding`).
         """
         limits = self._check_generate(prompts, max_new_tokens)
         if overlap and self._target.sanitize == "off":
@@ -459,22 +505,24 @@ class ModelRunner:
             return self._overlap.run(prompts, limits, return_logits=return_logits)
         tokens: list[list[int]] = [[] for _ in prompts]
         logits: list[list[torch.Tensor]] = [[] for _ in prompts]
-        live: dict[int, Request] = {}
-        for mode, step, finished in generation_schedule(self.max_running_requests, limits):
-            if mode.is_extend():
-                live.update((i, self.new_request(prompts[i])) for i in step)
-                out = self.extend([live[i] for i in step])
-            else:
-                out = self.decode([live[i] for i in step])
-            ids = out.argmax(-1)
-            rows = out.float().cpu() if return_logits else ()
-            for j, (i, token) in enumerate(zip(step, ids.tolist(), strict=True)):
-                live[i].output_ids.append(token)
-                tokens[i].append(token)
-                if return_logits:
-                    logits[i].append(rows[j])
-            for i in finished:
-                self.release(live.pop(i))
+        # Whatever raises, the requests still live go back before it leaves (RUN-14).
+        with self.holding() as live:
+            for mode, step, finished in generation_schedule(self.max_running_requests, limits):
+                if mode.is_extend():
+                    for i in step:
+                        live[i] = self.new_request(prompts[i])
+                    out = self.extend([live[i] for i in step])
+                else:
+                    out = self.decode([live[i] for i in step])
+                ids = out.argmax(-1)
+                rows = out.float().cpu() if return_logits else ()
+                for j, (i, token) in enumerate(zip(step, ids.tolist(), strict=True)):
+                    live[i].output_ids.append(token)
+                    tokens[i].append(token)
+                    if return_logits:
+                        logits[i].append(rows[j])
+                for i in finished:
+                    self.release(live.pop(i))
         if not return_logits:
             return GenerateOutput(tokens, None)
         return GenerateOutput(tokens, [torch.stack(rows) for rows in logits])
@@ -496,3 +544,10 @@ class ModelRunner:
                 raise ValueError(f"prompt {i}: {len(p)} tokens + {m} new exceed max_context_len "
                                  f"{self.max_context_len}")
         return limits
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)`` where the interpreter has notes (3.11+)."""
+    add = getattr(error, "add_note", None)
+    if callable(add):
+        add(note)

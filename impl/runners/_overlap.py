@@ -54,9 +54,14 @@ class OverlapScheduler:
     same argmax. A third party's decode runner without ``stage`` and ``launch`` is served by
     ``model_runner.forward`` on the compute stream (its fill then runs there: correct, less
     overlap). The sanitizer is not supported (``ModelRunner.generate`` runs unoverlapped with
-    any level but ``"off"``); tensor-parallel runners decide on the host and overlap too, and
-    a step the ranks refuse (:class:`spec.DecisionMismatch`, before anything of it launched)
-    gives its KV slots back, as in the unoverlapped mode.
+    any level but ``"off"``); tensor-parallel runners decide on the host and overlap too.
+
+    .. note::
+        Whatever raises during a run (a step the ranks refuse, the model, a hook, a step staged
+        on the copy stream but never launched), the compute stream first waits for the copy
+        and device-to-host streams, then every request of the run still held gives its rows
+        and KV slots back on it (:meth:`ModelRunner.holding`), and the exception propagates
+        (``RUN-14``): the releases are ordered after every step that read the slots.
     """
 
     def __init__(self, model_runner: Any) -> None:
@@ -103,15 +108,20 @@ class OverlapScheduler:
         self.compute = self.device.current_stream()
         self.copy.wait_stream(self.compute)  # what came before the generation
         self._done = self.compute.record_event()
-        try:
-            self._steps(prompts, limits, return_logits, host_logits, host_tokens, rows_of)
-        finally:
-            # Whatever happened, the caller's stream is ordered after the side streams' work
-            # (a failed step may leave staging or copies queued there).
-            self.compute.wait_stream(self.copy)
-            self.compute.wait_stream(self.d2h)
+        # Exiting with an error, ``holding`` gives back the requests still live, on the
+        # compute stream, after the waits below (RUN-14).
+        with runner.holding() as live:
+            try:
+                self._steps(prompts, limits, return_logits, host_logits, host_tokens,
+                            rows_of, live)
+            finally:
+                # Whatever happened, the caller's stream is ordered after the side streams'
+                # work (a failed step may leave staging or copies queued there); after the
+                # wait on the copies, the steps' tensors may go back to the compute stream.
+                self.compute.wait_stream(self.copy)
+                self.compute.wait_stream(self.d2h)
+                self._in_flight.clear()
         self.device.synchronize()  # the one host sync of the generation
-        self._in_flight.clear()
         every = host_tokens.tolist()
         return GenerateOutput(
             [[every[r] for r in rows] for rows in rows_of],
@@ -121,11 +131,13 @@ class OverlapScheduler:
     def _steps(
         self, prompts: Sequence[Sequence[int]], limits: Sequence[int], return_logits: bool,
         host_logits: torch.Tensor, host_tokens: torch.Tensor, rows_of: list[list[int]],
+        live: dict[int, Request],
     ) -> None:
         """Issue every step of the schedule (see the class docstring); ``rows_of[i]`` gets the
-        host buffer rows of prompt ``i``'s tokens."""
+        host buffer rows of prompt ``i``'s tokens. ``live`` holds the requests admitted and
+        not yet released (:meth:`ModelRunner.holding`): a request goes in as it is admitted
+        and out before it is released."""
         runner = self.model_runner
-        live: dict[int, Request] = {}
         finishing: list[int] = []
         row = 0
         for mode, step, finished in generation_schedule(runner.max_running_requests, limits):
@@ -134,15 +146,15 @@ class OverlapScheduler:
                 for i in finishing:
                     runner.release(live.pop(i))
                 if mode.is_extend():
-                    live.update((i, runner.new_request(prompts[i])) for i in step)
+                    for i in step:
+                        live[i] = runner.new_request(prompts[i])
             requests = [live[i] for i in step]
-            # One refusal scope from before the slots are taken to after the last decision.
-            with runner.refusable(requests):
-                with self.device.stream(self.copy):
-                    how, key, batch = self._stage(requests, mode)
-                    staged = self.copy.record_event()
-                logits, tokens = self._compute(requests, how, key, batch, staged,
-                                               return_logits)
+            # A step the ranks refuse (spec.DecisionMismatch) needs no scope of its own: its
+            # slots are its requests' by now, and they all go back when the error leaves run.
+            with self.device.stream(self.copy):
+                how, key, batch = self._stage(requests, mode)
+                staged = self.copy.record_event()
+            logits, tokens = self._compute(requests, how, key, batch, staged, return_logits)
             self._copy_out(logits, tokens, host_logits[row:row + len(step)],
                            host_tokens[row:row + len(step)])
             for j, i in enumerate(step):

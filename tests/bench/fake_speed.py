@@ -185,6 +185,16 @@ def _git(*args: str, cwd: Path = ROOT) -> str:
                           text=True).stdout.strip()
 
 
+def in_git_checkout() -> bool:
+    """Whether this source tree is a git checkout (an sdist or an archive is not, and the
+    comparison names commits)."""
+    try:
+        found = subprocess.run(["git", "rev-parse", "--git-dir"], cwd=ROOT, capture_output=True)
+    except FileNotFoundError:  # no git at all
+        return False
+    return found.returncode == 0
+
+
 def has_commit(commit: str) -> bool:
     """Whether this repository has ``commit`` (a shallow clone may not)."""
     found = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT,
