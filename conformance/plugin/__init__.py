@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import sys
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
@@ -204,9 +205,11 @@ def check_backend(name: str, model: str | None = None) -> Backend:
     except Exception as error:
         hint = "" if name in BUILTIN_BACKENDS else f"; {_FACTORY_HINT}"
         raise ValueError(f"--backend {name}: {_one_line(error)}{hint}") from None
-    if name == "fake":
+    fakes = sys.modules.get("fakes")  # imported by the fake's backend and adapters over it
+    if name == "fake" or (fakes is not None and backend.factory is fakes.FakeDevice):
         # The simulator builds on any machine and its device is the CPU; building it costs
-        # seconds of warm-up, which the run's first test pays anyway.
+        # seconds of warm-up, which the run's first test pays anyway (and python -m
+        # conformance would pay twice: once here, once in the test process).
         import torch
 
         where = torch.device("cpu")
