@@ -142,29 +142,40 @@ def plugin(session: nox.Session) -> None:
                     "reports", "--", "-k", "error_taxonomy")
 
 
-@nox.session(venv_backend="none")
-def gpu(session: nox.Session) -> None:
-    """The GPU tests and the conformance suite on ``--backend=cuda``, in the current interpreter.
-    Without torch or CUDA there: one line naming the cause, and the session fails."""
-    # One line either way, exit status 0: nox then shows the line, never a traceback.
-    found = str(session.run("python", "-c", (
-        "try:\n"
-        "    import torch\n"
-        "except Exception as e:\n"
-        "    print(f'no torch in this interpreter ({type(e).__name__}: {e}): install a CUDA '\n"
-        "          'build of torch here (nox -s gpu runs in the current interpreter), or run '\n"
-        "          'nox -s cpu')\n"
-        "else:\n"
-        "    ok = torch.cuda.is_available()\n"
-        "    print(f'ok: torch {torch.__version__}, CUDA available' if ok else\n"
-        "          f'torch {torch.__version__} sees no CUDA device (torch.cuda.is_available() '\n"
-        "          'is False): run on a machine with a CUDA GPU and a CUDA build of torch, or '\n"
-        "          'run nox -s cpu')\n"
-    ), silent=True, log=False)).strip().splitlines()
+_GPU_CHECK = """
+import sys
+need, name = int(sys.argv[1]), sys.argv[2]
+try:
+    import torch
+except Exception as e:
+    print(f"no torch in this interpreter ({type(e).__name__}: {e}): install a CUDA build of "
+          f"torch here (nox -s {name} runs in the current interpreter), or run nox -s cpu")
+else:
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    print(f"ok: torch {torch.__version__}, {n} CUDA devices" if n >= need else
+          f"torch {torch.__version__} sees {n} CUDA devices, {need} needed: run on a machine "
+          f"with {need} GPU(s) (nvidia-h200{'-x2' if need > 1 else ''}) and a CUDA build of "
+          "torch, or run nox -s cpu")
+"""
+
+
+def _require_gpus(session: nox.Session, need: int) -> None:
+    """End ``session`` with one line (no traceback) unless this interpreter's torch sees
+    ``need`` CUDA devices. The check prints one line and exits 0 either way, so nox shows the
+    line and never a traceback."""
+    found = str(session.run("python", "-c", _GPU_CHECK, str(need), session.name,
+                            silent=True, log=False)).strip().splitlines()
     line = found[-1] if found else "the torch check printed nothing"
     if not line.startswith("ok: "):
         session.error(line)
     session.log(line)
+
+
+@nox.session(venv_backend="none")
+def gpu(session: nox.Session) -> None:
+    """The GPU tests and the conformance suite on ``--backend=cuda``, in the current interpreter.
+    Without torch or CUDA there: one line naming the cause, and the session fails."""
+    _require_gpus(session, 1)
     _pytest(session, "tests", "--benchmark-disable")
     _conformance(session, "--backend=cuda")
 
@@ -176,23 +187,7 @@ def gpu2(session: nox.Session) -> None:
     mismatched step (``tests/test_tp_gpu.py``), then the TP=2 bench (``bench_tp.json`` and
     section 9 of ``bench.md`` under ``reports/``). One process per GPU over NCCL, each killed
     after 60 s. Mismatches themselves are tested on the multi-rank fake (``cpu``)."""
-    # One line either way, exit status 0: nox then shows the line, never a traceback.
-    found = str(session.run("python", "-c", (
-        "try:\n"
-        "    import torch\n"
-        "except Exception as e:\n"
-        "    print(f'no torch in this interpreter ({type(e).__name__}: {e}): install a CUDA '\n"
-        "          'build of torch here (nox -s gpu2 runs in the current interpreter)')\n"
-        "else:\n"
-        "    n = torch.cuda.device_count() if torch.cuda.is_available() else 0\n"
-        "    print(f'ok: torch {torch.__version__}, {n} CUDA devices' if n >= 2 else\n"
-        "          f'torch {torch.__version__} sees {n} CUDA devices, 2 are needed: run on a '\n"
-        "          'machine with 2 GPUs (e.g. nvidia-h200-x2) and a CUDA build of torch')\n"
-    ), silent=True, log=False)).strip().splitlines()
-    line = found[-1] if found else "the torch check printed nothing"
-    if not line.startswith("ok: "):
-        session.error(line)
-    session.log(line)
+    _require_gpus(session, 2)
     os.makedirs(REPORTS, exist_ok=True)
     session.env["BENCH_REPORT_DIR"] = REPORTS
     _pytest(session, "tests/test_tp_gpu.py", "-s")
