@@ -127,6 +127,12 @@ def test_fake_matches_cuda(
     seed1: int,
     replays: int,
 ) -> None:
+    _compare(fake, compared, program, seed0, seed1, replays)
+
+
+def _compare(fake: fakes.FakeDevice, compared: Counter[str], program: Program, seed0: int,
+             seed1: int, replays: int) -> None:
+    """``program`` run on the fake and on CUDA agrees, counted in ``compared``."""
     on_fake = run_on_fake(fake, program, seed0, seed1, replays)
     on_cuda = run_on_cuda(program, seed0, seed1, replays)
     assert_agree(program, on_fake, on_cuda)
@@ -172,12 +178,7 @@ def test_programs_captured_under_inference_mode_match_cuda(
     replays: int,
 ) -> None:
     with torch.inference_mode():
-        on_fake = run_on_fake(fake, program, seed0, seed1, replays)
-        on_cuda = run_on_cuda(program, seed0, seed1, replays)
-    assert_agree(program, on_fake, on_cuda)
-    compared["programs"] += 1
-    compared["integer" if program.integer_only else "float"] += 1
-    compared["replays"] += replays
+        _compare(fake, compared, program, seed0, seed1, replays)
 
 
 def _layers(x: torch.Tensor, weights: list[torch.Tensor]) -> torch.Tensor:
