@@ -27,7 +27,15 @@ from ._features import BUILDER_FEATURES, require_builder_feature
 from ._helpers import host, same_memory, shares_storage
 from ._leaks import assert_no_leaks, check_leaks
 from ._oplog import OpLog
-from ._runners import KINDS, expect_close, make_model, make_runner, optional_runner, run_steps
+from ._runners import (
+    KINDS,
+    expect_close,
+    make_model,
+    make_runner,
+    optional_runner,
+    refuse_decision,
+    run_steps,
+)
 
 __all__ = [
     "BUILDER_FEATURES",
@@ -53,6 +61,7 @@ __all__ = [
     "make_runner",
     "optional_breakable",
     "optional_runner",
+    "refuse_decision",
     "require_builder_feature",
     "require_keyword",
     "result_needed_after_later_break",

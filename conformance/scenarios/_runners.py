@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import impl
+import spec
 
 __all__ = [
     "KINDS",
@@ -51,6 +52,22 @@ def optional_runner(runner_api: Any, name: str) -> Any:
     if found is None:
         pytest.skip(f"the runners part provides no {name}")
     return found
+
+
+def refuse_decision(monkeypatch: pytest.MonkeyPatch, graph_runner: Any, nth: int,
+                    what: str, sizes: tuple[int, int]) -> None:
+    """Make ``graph_runner.decide`` raise :class:`spec.DecisionMismatch` (``what``, the ranks'
+    ``sizes``) at its ``nth`` call, as the ranks' agreement refuses a step; the other calls
+    decide as before. ``monkeypatch`` undoes it."""
+    decide, calls = graph_runner.decide, []
+
+    def refusing(batch: Any) -> Any:
+        calls.append(batch.batch_size)
+        if len(calls) == nth:
+            raise spec.DecisionMismatch(what, sizes)
+        return decide(batch)
+
+    monkeypatch.setattr(graph_runner, "decide", refusing)
 
 
 def make_runner(

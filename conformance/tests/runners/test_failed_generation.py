@@ -21,7 +21,13 @@ import fakes
 import impl
 import spec
 from conformance.mutants import GENERATION_MUTANTS
-from conformance.scenarios import expect_close, make_model, make_runner, optional_runner
+from conformance.scenarios import (
+    expect_close,
+    make_model,
+    make_runner,
+    optional_runner,
+    refuse_decision,
+)
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7], [6, 7]]
 LIMITS = [1, 3, 2]
@@ -244,15 +250,7 @@ def test_a_refused_step_leaks_nothing(device: Any, runner_api: Any, overlap: boo
     :class:`spec.DecisionMismatch`; with ``overlap=True`` on the copy stream, after the step's
     slots were taken): the refused step's slots and every live request go back."""
     runner, _ = _runner(device, runner_api, "dense", True)
-    decide, calls = runner.decode_runner.decide, []
-
-    def refuse_first(batch: Any) -> Any:
-        calls.append(batch.batch_size)
-        if len(calls) == 1:
-            raise spec.DecisionMismatch("a decode size", (2, 1))
-        return decide(batch)
-
-    monkeypatch.setattr(runner.decode_runner, "decide", refuse_first)
+    refuse_decision(monkeypatch, runner.decode_runner, 1, "a decode size", (2, 1))
     _fails_and_leaks_nothing(device, runner, overlap, spec.DecisionMismatch)
     monkeypatch.undo()
     _next_equals_eager(device, runner, "dense", overlap)

@@ -16,7 +16,13 @@ import pytest
 import impl
 import spec
 from conformance.mutants import StagingWithoutWait
-from conformance.scenarios import KINDS, expect_close, make_runner, optional_runner
+from conformance.scenarios import (
+    KINDS,
+    expect_close,
+    make_runner,
+    optional_runner,
+    refuse_decision,
+)
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12], [3], [6, 6, 6]]
 LIMITS = [3, 2, 4, 1, 3]  # five prompts, four at a time: requests join and leave mid-way
@@ -95,21 +101,11 @@ def test_a_refused_step_gives_its_kv_slots_back(
     """The ranks refuse the second extend (raised by the prefill runner's decide, inside the
     step's forward): in both modes every slot comes back, those of the request still running
     included, before the refusal leaves ``generate`` (``RUN-14``)."""
-    prefill = getattr(runner_api, "BreakableCudaGraphRunner", None)
-    if prefill is None:
-        pytest.skip("the backend provides no prefill runner")
+    prefill = optional_runner(runner_api, "BreakableCudaGraphRunner")
     decode = optional_runner(runner_api, "CudaGraphRunner")
     runner = make_runner(device, "dense", decode=decode, prefill=prefill,
                          max_running_requests=2, sanitize=False)
-    decide, calls = runner.prefill_runner.decide, []
-
-    def refuse_second(batch: Any) -> Any:
-        calls.append(batch.batch_size)
-        if len(calls) == 2:
-            raise spec.DecisionMismatch("a prefill size", (1, 2))
-        return decide(batch)
-
-    monkeypatch.setattr(runner.prefill_runner, "decide", refuse_second)
+    refuse_decision(monkeypatch, runner.prefill_runner, 2, "a prefill size", (1, 2))
     free = runner.kv_cache.available_tokens
     with device.stream(device.default_stream()), pytest.raises(spec.DecisionMismatch):
         runner.generate([[1, 2, 3], [4, 5], [6, 7, 8, 9]], [2, 3, 1], overlap=overlap)
