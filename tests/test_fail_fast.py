@@ -14,6 +14,8 @@ import torch
 
 import conformance.__main__ as main_module
 
+from .probe_suite import run_probe_suite
+
 _FACTORIES = """
 import conformance
 
@@ -125,22 +127,11 @@ def test_plain_pytest_ends_with_a_usage_error_before_any_test(
     args: list[str], env: dict[str, str], cause: str, factories: str, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    import conformance.plugin as plugin
-
     if "cuda" in cause and torch.cuda.is_available():
         pytest.skip("checks a machine without CUDA")
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    suite = tmp_path / "suite"
-    suite.mkdir()
-    (suite / "test_fail_fast_probe.py").write_text(_PROBE)
-    (suite / "pytest.ini").write_text("[pytest]\n")
-    monkeypatch.setattr(plugin, "_TESTS_DIR", suite.resolve())  # the probe is a suite test
-    code = pytest.main([
-        str(suite), "-c", str(suite / "pytest.ini"), "--rootdir", str(suite), "-q",
-        "-p", "conformance.plugin", "-p", "no:cacheprovider", "--import-mode=importlib",
-        f"--report-dir={tmp_path / 'report'}", *args,
-    ])
+    code = run_probe_suite(tmp_path, monkeypatch, "test_fail_fast_probe.py", _PROBE, *args)
     out, err = capsys.readouterr()
     assert code == pytest.ExitCode.USAGE_ERROR, out[-2000:]
     assert cause in err and "Traceback" not in out + err, err

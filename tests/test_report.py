@@ -14,6 +14,8 @@ import spec
 from conformance import ClauseViolation, TestOutcome, fold, summary_lines, write_report
 from conformance.plugin._report import RunInfo, column_label, run_verdict
 
+from .probe_suite import run_probe_suite
+
 
 def test_a_clause_level_takes_the_worst_outcome_of_its_tests() -> None:
     statuses = fold(
@@ -201,21 +203,7 @@ def test_names_another_clause():
 def test_the_plugin_attributes_each_failure_to_the_clauses_it_broke(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import conformance.plugin as plugin
-
-    # The probe file is a suite test for this run only (the plugin reports its own package's).
-    suite = tmp_path / "suite"
-    suite.mkdir()
-    (suite / "test_probe.py").write_text(_PROBE)
-    (suite / "pytest.ini").write_text("[pytest]\n")
-    monkeypatch.setattr(plugin, "_TESTS_DIR", suite.resolve())
-    code = pytest.main([
-        str(suite), "-c", str(suite / "pytest.ini"), "--rootdir", str(suite), "-q",
-        # -p: where the package is not installed (nox -s gpu), its entry point is not either.
-        "-p", "conformance.plugin", "-p", "no:cacheprovider", "--import-mode=importlib",
-        "--backend=fake",
-        f"--report-dir={tmp_path / 'report'}",
-    ])
+    code = run_probe_suite(tmp_path, monkeypatch, "test_probe.py", _PROBE, "--backend=fake")
     assert code == pytest.ExitCode.TESTS_FAILED
     data = json.loads((tmp_path / "report" / "conformance.json").read_text())
     column = {
@@ -394,19 +382,9 @@ def test_passes():
 def test_the_console_ends_with_the_verdict_and_the_report_keeps_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import conformance.plugin as plugin
-
-    suite = tmp_path / "suite"
-    suite.mkdir()
     # Its own module name: the in-process runs above imported a ``test_probe`` already.
-    (suite / "test_passing_probe.py").write_text(_PASSING)
-    (suite / "pytest.ini").write_text("[pytest]\n")
-    monkeypatch.setattr(plugin, "_TESTS_DIR", suite.resolve())
-    code = pytest.main([
-        str(suite), "-c", str(suite / "pytest.ini"), "--rootdir", str(suite), "-q",
-        "-p", "conformance.plugin", "-p", "no:cacheprovider", "--import-mode=importlib",
-        "--backend=fake", "--conformance-level=core", f"--report-dir={tmp_path / 'report'}",
-    ])
+    code = run_probe_suite(tmp_path, monkeypatch, "test_passing_probe.py", _PASSING,
+                           "--backend=fake", "--conformance-level=core")
     assert code == pytest.ExitCode.OK
     line = "conformance verdict: pass (backend fake, level core, 1 test)"
     assert capsys.readouterr().out.strip().splitlines()[-1] == line
