@@ -75,6 +75,11 @@ def _active() -> BreakableCUDAGraphCapture | None:
     return getattr(_TLS, "active", None)
 
 
+def _set_active(capture: BreakableCUDAGraphCapture | None) -> None:
+    """The thread's active capture (``None``: none); the one writer of the thread-local."""
+    _TLS.active = capture
+
+
 class BreakableCUDAGraph:
     """What a capture fills: the steps replay runs in order (each segment's ``replay`` and each
     break bound to its arguments), the segment graphs and the pool they share.
@@ -125,6 +130,27 @@ class BreakableCUDAGraph:
         with torch.inference_mode():
             for step in self._steps:
                 step()
+
+    # -- what its capture records (the capture calls these; the graph owns its fields) ---------
+
+    def begin_capture(self) -> None:
+        self._state = GraphState.CAPTURING
+
+    def add_segment(self, segment: Any) -> None:
+        """A segment begun: its replay is the next step."""
+        self._segments.append(segment)
+        self._steps.append(segment.replay)
+
+    def add_break(self, call: functools.partial) -> None:
+        """A break: its function bound to its capture-time arguments, the next step."""
+        self._steps.append(call)
+
+    def end_capture(self, pool: Any, *, failed: bool) -> None:
+        """``READY`` with the steps recorded and ``pool``, or ``FAILED`` holding nothing."""
+        if failed:
+            self._steps, self._segments, self._state = [], [], GraphState.FAILED
+        else:
+            self._pool, self._state = pool, GraphState.READY
 
     def reset(self) -> None:
         if self._state is GraphState.CAPTURING:
@@ -195,8 +221,8 @@ class BreakableCUDAGraphCapture:
         self.stream = self.stream if self.stream is not None else device.capture_stream()
         self._caller = device.current_stream()
         self.stream.wait_stream(self._caller)
-        _TLS.active = self
-        self.graph._state = GraphState.CAPTURING
+        _set_active(self)
+        self.graph.begin_capture()
         try:
             for context in (device.stream(self.stream), torch.inference_mode()):
                 context.__enter__()
@@ -238,14 +264,9 @@ class BreakableCUDAGraphCapture:
         for context in reversed(self._contexts):
             context.__exit__(None, None, None)
         self._contexts.clear()
-        _TLS.active = None
+        _set_active(None)
         self._order_caller()
-        graph = self.graph
-        if failed:
-            graph._steps, graph._segments = [], []
-            graph._state = GraphState.FAILED
-        else:
-            graph._pool, graph._state = self.pool, GraphState.READY
+        self.graph.end_capture(self.pool, failed=failed)
 
     def _order_caller(self) -> None:
         """The caller's stream waits for the capture stream: the capture-time break writes are
@@ -259,8 +280,7 @@ class BreakableCUDAGraphCapture:
         context = self.device.graph(segment, pool=self.pool, stream=self.stream)
         context.__enter__()
         self._segment = context
-        self.graph._segments.append(segment)
-        self.graph._steps.append(segment.replay)
+        self.graph.add_segment(segment)
 
     def _end_segment(self) -> None:
         segment, self._segment = self._segment, None
@@ -279,7 +299,7 @@ class BreakableCUDAGraphCapture:
         self._end_segment()
         result = fn(*args, **kwargs)
         _check_in_place(fn, result, args, kwargs)
-        self.graph._steps.append(self._bind(fn, args, kwargs))
+        self.graph.add_break(self._bind(fn, args, kwargs))
         self._begin_segment()
         return result
 

@@ -31,7 +31,7 @@ from typing import Any, Final
 import torch
 
 from examples import engine_inplace
-from examples.engine_inplace import _TLS, BreakableCUDAGraphCapture
+from examples.engine_inplace import BreakableCUDAGraphCapture, _set_active
 
 __all__ = ["MUTANTS", "mutant_api"]
 
@@ -85,10 +85,10 @@ class _MaskedException(BreakableCUDAGraphCapture):
 
 class _ActiveAfterFailedBegin(BreakableCUDAGraphCapture):
     def _leave(self, *, failed: bool) -> None:
-        entered = self._segment is not None or self.graph._segments
+        entered = self._segment is not None or self.graph.num_segments > 0
         super()._leave(failed=failed)
         if not entered:
-            _TLS.active = self
+            _set_active(self)
 
 
 class _UnorderedExit(BreakableCUDAGraphCapture):
