@@ -639,26 +639,26 @@ def _warmup_on_rank_0(runner: Any, proceed: Any, batch: Any) -> None:
 
 TP_MUTANTS: Final[dict[str, tuple[str, str, dict[str, Callable[..., Any]]]]] = {
     "pads_by_local_count": ("TP-2", "vLLM #25906", {
-        "decode_runner": lambda mr, sizes: _PadsByLocalCount(mr.graph_target(), capture_bs=sizes),
+        "decode_runner": lambda target, sizes: _PadsByLocalCount(target, capture_bs=sizes),
     }),
     "placeholder_differs": ("TP-3", "TensorRT-LLM #14986", {
-        "decode_runner": lambda mr, sizes: _PlaceholderDiffers(
-            mr.graph_target(), capture_bs=sizes),
+        "decode_runner": lambda target, sizes: _PlaceholderDiffers(
+            target, capture_bs=sizes),
     }),
     "capture_skipped": ("TP-3", "TensorRT-LLM #14986", {
-        "decode_runner": lambda mr, sizes: _CaptureSkipped(mr.graph_target(), capture_bs=sizes),
+        "decode_runner": lambda target, sizes: _CaptureSkipped(target, capture_bs=sizes),
     }),
     "capture_order_differs": ("TP-4", "pegainfer #496", {
-        "decode_runner": lambda mr, sizes: _CaptureOrderDiffers(
-            mr.graph_target(), capture_bs=sizes),
+        "decode_runner": lambda target, sizes: _CaptureOrderDiffers(
+            target, capture_bs=sizes),
     }),
     "eager_on_one_rank": ("TP-5", "pegainfer #498", {
-        "prefill_runner": lambda mr, sizes: _EagerOnOneRank(
-            mr.graph_target(), capture_num_tokens=sizes),
+        "prefill_runner": lambda target, sizes: _EagerOnOneRank(
+            target, capture_num_tokens=sizes),
     }),
     "warmup_on_one_rank": ("TP-6", "ScaleLLM #131", {
-        "decode_runner": lambda mr, sizes: impl.CudaGraphRunner(
-            mr.graph_target(), capture_bs=sizes, hooks={"prepare_capture": _warmup_on_rank_0}),
+        "decode_runner": lambda target, sizes: impl.CudaGraphRunner(
+            target, capture_bs=sizes, hooks={"prepare_capture": _warmup_on_rank_0}),
     }),
 }
 """Tensor-parallel mutant name -> (the clause it breaks, the field bug, ``ModelRunner``
@@ -667,7 +667,7 @@ so that one rank leaves the lockstep; on the multi-rank fake each is named as a
 :class:`spec.CollectiveMismatch` on every rank."""
 
 
-class StagingWithoutWait(impl.OverlapScheduler):
+class StagingWithoutWait(impl.OverlapStepper):
     """Overlapped decode whose copy stream never waits on the compute stream between steps
     (only once, before the first): step ``n + 1``'s fill of the request-to-token table and the
     static inputs races with step ``n``'s replay reading them (``RUN-13``, ``ORD-7``)."""

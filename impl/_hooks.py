@@ -52,11 +52,21 @@ class StepHooks:
         return handle
 
     def call(self, step: str, owner: Any, default: Callable[..., Any], *args: Any) -> Any:
-        """Run ``step`` of ``owner`` (``default(*args)``) inside the hooks registered for it."""
-        hooks = self._hooks[step]
+        """Run ``step`` of ``owner`` (``default(*args)``) inside the hooks registered for it; a
+        step that is not one of the named steps runs as it is."""
+        hooks = self._hooks.get(step)
         if not hooks:
             return default(*args)
         proceed = default
         for hook in hooks.values():
             proceed = functools.partial(hook, owner, proceed)
         return proceed(*args)
+
+    def bound(self, owner: Any) -> Callable[..., Any]:
+        """``hooked(step, default, *args)``: :meth:`call` with ``owner`` (what an object hands
+        to the parts whose steps it owns the hooks of)."""
+
+        def hooked(step: str, default: Callable[..., Any], *args: Any) -> Any:
+            return self.call(step, owner, default, *args)
+
+        return hooked

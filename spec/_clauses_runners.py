@@ -48,14 +48,14 @@ define(
         ("RUN-11", """Graph replay equals eager: decode graphs for every captured size and the raw
             sizes between them, and breakable prefill, over many steps with requests joining
             and leaving, on every reference model kind (tokens equal, logits within 1e-3)."""),
-        ("RUN-12", """A runner's gate gives eager's results for every batch: those it serves by
-            replay (at most its largest captured size) and those it declines and runs
-            eagerly. (The gate runner(batch) is the shape of one release; the contract is
-            decide(batch) -> key or None, once per step from host values, then run(key, batch)
-            trusting the key, with the caller running a declined batch eagerly.)""",
+        ("RUN-12", """A graph runner built from a graph target alone (never the model runner)
+            decides once per step from host values, decide(batch) -> key or None, then
+            run(key, batch) trusts the key; with the caller running a declined batch eagerly,
+            every batch gives eager's results: those it serves by replay (at most its largest
+            captured size) and those it declines.""",
          """Captures, replays and eager fallbacks are counted in the runner's own stats: one
             capture per size, one replay per served batch, one fallback per batch its decide
-            (or its gate) declined, whichever object then ran it eagerly."""),
+            declined, whichever object then ran it eagerly."""),
         ("RUN-13",
          """Overlapped decode (generate(overlap=True)) gives the tokens and logits of the
             unoverlapped mode for the same prompts and limits: step n + 1 is prepared on the host

@@ -1,6 +1,7 @@
 """What the parts of a graph runner promise each other: protocols for the model the runners
-drive, the batch a model reads, the target a graph runner wraps, the runner itself, and the
-names each part of an implementation under test provides (``conformance.Adapter``).
+drive, the batch a model reads, the target a graph runner wraps, the runner itself, the recipe
+of one runner kind on the graph ladder, and the names each part of an implementation under test
+provides (``conformance.Adapter``).
 
 ``impl`` is one implementation of all of them (``impl.ForwardBatch``, ``impl.CausalLM``,
 ``impl.GraphTarget``, ``impl.CudaGraphRunner``, ...); a user's model needs only
@@ -11,6 +12,8 @@ such a check looks at names only, never at signatures.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Final, Protocol, TypeVar, runtime_checkable
 
 import torch
@@ -26,6 +29,8 @@ __all__ = [
     "BreakableAPI",
     "BreakableOptionalAPI",
     "ForwardBatchLike",
+    "GraphEntryLike",
+    "GraphRecipe",
     "GraphRunner",
     "GraphTarget",
     "HasLayerStack",
@@ -35,6 +40,7 @@ __all__ = [
     "RunnerStatsLike",
     "RunnersAPI",
     "RunnersOptionalAPI",
+    "StagedGraphRunner",
     "api_names",
 ]
 
@@ -183,6 +189,98 @@ class GraphRunner(Protocol[K]):
     def run(self, key: K, batch: Any) -> torch.Tensor: ...
 
 
+class GraphEntryLike(Protocol):
+    """One captured key of a ladder: its ``graph``, the ``key``, the placeholder ``batch`` it
+    was captured with (registry views), what the graph writes (``output``: every padded row)
+    and, where the recipe records them, the greedy ``tokens`` of those rows (the argmax in the
+    graph, else ``None``). ``output`` and ``tokens`` hold the latest replay's rows until the next
+    replay of any key of the pool."""
+
+    graph: Any
+    key: int
+    batch: Any
+    output: Any
+    tokens: torch.Tensor | None
+
+
+@runtime_checkable
+class StagedGraphRunner(Protocol):
+    """A graph runner whose run splits in two (what overlapped decode needs, ``RUN-13``):
+    ``stage(key, batch)`` fills the static inputs of ``key`` on the current stream (another
+    stream than the replays must first wait for the last replay: ``ORD-7``), ``launch(key)``
+    prepares the metadata and replays on the current stream, returning the key's
+    :class:`GraphEntryLike` (its ``output`` and ``tokens`` rows ``[:bs]`` are the step's). A
+    runner without them is served by the model runner's ``forward`` (less overlap)."""
+
+    def stage(self, key: Any, batch: Any) -> None: ...
+
+    def launch(self, key: Any) -> GraphEntryLike: ...
+
+
+class GraphRecipe(Protocol):
+    """One runner kind, as the graph ladder (``impl.GraphLadder``) drives it. The ladder owns
+    what every kind shares: the sizes largest first into one pool on the target's stream, the
+    entries, the counters, the step hooks, the ranks' lockstep (the ladder, warm-ups and
+    sanitizer checked equal, a barrier per size, the per-step decision exchanged), the
+    sanitizer's probe, and ``decide`` / ``run`` / ``replay`` / ``close``. The recipe says what
+    is captured and how a batch maps onto it; it holds no graph and no counter.
+
+    Attributes:
+        kind: names the kind in errors and in the ranks' decision exchange (``"decode"``).
+        target: the :class:`GraphTarget` it captures.
+        sizes: the keys to capture, ascending (empty: the kind serves nothing; every batch is
+            declined).
+        steps: the step names a hook may wrap (the runner's ``register_hook``): each a method
+            of the recipe the ladder (or the recipe, through ``hooked``) runs inside its hooks.
+        forward_step: the step the graph records and each warm-up runs (a name of ``steps``).
+        breakable: capture breakable graphs (eager breaks between segments) instead of full
+            ones.
+        records_tokens: record the argmax of the forward's output in the graph (the entry's
+            ``tokens``).
+
+    The ladder's calls, in order: ``build_registry()`` once (the step of that name, hooks
+    around it); per size, inside ``capture_context(registry, hooked)`` on the capture stream,
+    ``placeholder(registry, key)``, then in its forward context ``prepare_metadata`` (step
+    ``prepare_capture``), the warm-ups and the capture of the forward step; with the sanitizer,
+    ``probe_batch(registry, key)`` (the registry filled with another batch of the same key,
+    returning the batch to capture again). Per step: ``key_of(batch)`` (this rank's decision,
+    ``None`` where ``can_run`` is false), then ``replay(registry, entry, batch, hooked)``, which
+    trusts the key: fills the registry from ``batch``, prepares the metadata (step
+    ``prepare_replay``), replays ``entry.graph`` and returns the real requests' logits (step
+    ``outputs``). ``hooked(step, default, *args)`` runs ``default(*args)`` inside the runner's
+    hooks of ``step``.
+    """
+
+    kind: str
+    target: GraphTarget
+    sizes: Sequence[int]
+    steps: tuple[str, ...]
+    forward_step: str
+    breakable: bool
+    records_tokens: bool
+
+    def agreement(self) -> tuple[Any, ...]:
+        """What else every rank's recipe must hold equal (its options), beside the sizes."""
+
+    def build_registry(self) -> Any: ...
+
+    def capture_context(self, registry: Any, hooked: Any) -> AbstractContextManager[Any]:
+        """The context around every warm-up and capture of the ladder."""
+
+    def placeholder(self, registry: Any, key: int) -> Any: ...
+
+    def probe_batch(self, registry: Any, key: int) -> Any: ...
+
+    def prepare_metadata(self, batch: Any) -> None: ...
+
+    def can_run(self, batch: Any) -> bool: ...
+
+    def key_of(self, batch: Any) -> int | None: ...
+
+    def replay(self, registry: Any, entry: GraphEntryLike, batch: Any, hooked: Any,
+               ) -> torch.Tensor: ...
+
+
 class RegistryAPI(Protocol):
     """What a ``registry`` part provides: ``impl``'s input-buffer registry names and semantics
     (``REG-*``, ``POOL-*``)."""
@@ -227,11 +325,14 @@ class RunnersAPI(Protocol):
 
 class RunnersOptionalAPI(Protocol):
     """Runner names a ``runners`` part may provide; tests needing one it lacks are skipped with
-    the name. ``CudaGraphRunner``: a decode runner class built as
-    ``CudaGraphRunner(model_runner, capture_bs=sizes, **options)`` (``CudaGraphRunner(target,
-    ...)`` is the contract), with the gate ``runner(batch)``, :class:`GraphRunner`'s ``decide``
-    and ``run``, ``can_run``, ``replay``, ``stats`` and ``graphs``; ``BreakableCudaGraphRunner``:
-    the breakable prefill runner; the rest: the vLLM-style manager."""
+    the name. ``CudaGraphRunner``: a decode runner class built from a target as
+    ``CudaGraphRunner(model_runner.graph_target(), capture_bs=sizes, **options)`` (the suite
+    plugs it into ``impl.ModelRunner`` as ``decode_runner=(target, sizes) -> runner``), with
+    :class:`GraphRunner`'s ``decide`` and ``run``, ``can_run``, ``replay``, ``stats`` and
+    ``graphs`` (and :class:`StagedGraphRunner` for overlapped decode to overlap its fill);
+    ``BreakableCudaGraphRunner``: the breakable prefill runner, built the same way with
+    ``capture_num_tokens=sizes``; the rest: the vLLM-style manager, built as
+    ``CudaGraphManager(target, mode, capture_sizes=...)``."""
 
     BatchDescriptor: Any
     BreakableCudaGraphRunner: Any

@@ -254,7 +254,7 @@ def test_runner_programs_match_cuda(fake: fakes.FakeDevice, kind: str) -> None:
         runner = impl.ModelRunner(model, device=device, max_running_requests=4,
                                   max_total_tokens=128, max_context_len=32, prefill="breakable",
                                   capture_num_tokens=[4, 8, 16, 32])
-        outputs.append(runner.generate(prompts, limits))
+        outputs.append(impl.Scheduler(runner).generate(prompts, limits))
         assert runner.stats.graph_replays > 0, f"{device.name}: no graph replay"
     on_fake, on_cuda = outputs
     assert on_fake.tokens == on_cuda.tokens, f"fake {on_fake.tokens}, cuda {on_cuda.tokens}"

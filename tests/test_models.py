@@ -29,6 +29,7 @@ from impl.models import (
 )
 from impl.runners import (
     ModelRunner,
+    Scheduler,
     default_decode_sizes,
     default_prefill_sizes,
     resolve_layer_stack,
@@ -540,8 +541,8 @@ def test_graph_runner_matches_eager(dev: fakes.FakeDevice, kind: str) -> None:
     eager = ModelRunner(model, device=dev, decode_cuda_graph=False, prefill="eager", **_RUNNER)
     graphs = ModelRunner(model, device=dev, decode_cuda_graph=True, prefill="breakable",
                          capture_num_tokens=[4, 8, 16, 32], **_RUNNER)
-    want = eager.generate(_PROMPTS, _NEW_TOKENS)
-    got = graphs.generate(_PROMPTS, _NEW_TOKENS)
+    want = Scheduler(eager).generate(_PROMPTS, _NEW_TOKENS)
+    got = Scheduler(graphs).generate(_PROMPTS, _NEW_TOKENS)
     assert got.tokens == want.tokens, f"{kind}: graph tokens {got.tokens} != eager {want.tokens}"
     for i, (a, b) in enumerate(zip(want.logits, got.logits, strict=True)):
         assert a.shape == b.shape, f"{kind} request {i}: logits {b.shape} != {a.shape}"
@@ -596,7 +597,7 @@ def test_decode_runner_falls_back_to_eager_above_largest_size(dev: fakes.FakeDev
     assert runner.capture_bs == [1, 2], f"expected sorted unique sizes, got {runner.capture_bs}"
     assert runner.stats.captures == 2, f"expected 2 captures, got {runner.stats}"
     prompts = [[1, 2], [3], [4, 5, 6], [7]]
-    want, got = eager.generate(prompts, 3), graphs.generate(prompts, 3)
+    want, got = Scheduler(eager).generate(prompts, 3), Scheduler(graphs).generate(prompts, 3)
     assert got.tokens == want.tokens, f"graph tokens {got.tokens} != eager {want.tokens}"
     stats = runner.stats
     # One extend of all 4, then two decode steps of 4 requests: above the largest size (2).
@@ -644,13 +645,13 @@ def test_generate_rejects_bad_arguments(
     runner = ModelRunner(_model(dev, "dense", num_layers=2), device=dev,
                          decode_cuda_graph=False, **_RUNNER)
     with pytest.raises(ValueError):
-        runner.generate(prompts, max_new_tokens)
+        Scheduler(runner).generate(prompts, max_new_tokens)
 
 
 def test_generate_rejecting_a_prompt_leaks_nothing(dev: fakes.FakeDevice) -> None:
     runner = ModelRunner(_model(dev, "dense", num_layers=2), device=dev,
                          decode_cuda_graph=False, **_RUNNER)
     with pytest.raises(ValueError):
-        runner.generate([[1], [2], [99]], 2)
-    got = runner.generate([[1], [2], [3], [4]], 2)  # needs all 4 request rows
+        Scheduler(runner).generate([[1], [2], [99]], 2)
+    got = Scheduler(runner).generate([[1], [2], [3], [4]], 2)  # needs all 4 request rows
     assert len(got.tokens) == 4

@@ -50,8 +50,8 @@ def test_overlap_with_the_sanitizer_runs_unoverlapped(
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("overlapped under the sanitizer")
 
-    monkeypatch.setattr(impl.OverlapScheduler, "__init__", refuse)
-    out = runner.generate([[1, 2], [3]], [3, 2], overlap=True)
+    monkeypatch.setattr(impl.OverlapStepper, "__init__", refuse)
+    out = impl.Scheduler(runner).generate([[1, 2], [3]], [3, 2], overlap=True)
     assert [len(t) for t in out.tokens] == [3, 2]
 
 
@@ -72,9 +72,10 @@ def test_build_batch_takes_new_tokens_or_a_token_source(device: Any) -> None:
 def test_without_logits_only_the_tokens_come_back(device: Any, overlap: bool) -> None:
     runner = make_runner(device, "dense", decode=impl.CudaGraphRunner)
     prompts, limits = [[1, 2, 3], [4], [5, 6]], [3, 1, 4]
-    expected = runner.generate(prompts, limits)
+    scheduler = impl.Scheduler(runner)
+    expected = scheduler.generate(prompts, limits)
     with device.stream(device.default_stream()):
-        out = runner.generate(prompts, limits, overlap=overlap, return_logits=False)
+        out = scheduler.generate(prompts, limits, overlap=overlap, return_logits=False)
     assert out.logits is None
     assert out.tokens == expected.tokens
 

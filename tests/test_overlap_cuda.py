@@ -32,13 +32,14 @@ def test_overlapped_generation_never_syncs_implicitly(kind: str, prefill: str) -
     prompts = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15], [3], [4, 4]]
     limits = [6, 3, 9, 2, 5]
     with torch.no_grad():
-        expected = runner.generate(prompts, limits)
-        runner.generate(prompts, limits, overlap=True)  # warm: pinned blocks, kernels
+        scheduler = impl.Scheduler(runner)
+        expected = scheduler.generate(prompts, limits)
+        scheduler.generate(prompts, limits, overlap=True)  # warm: pinned blocks, kernels
         torch.cuda.set_sync_debug_mode("warn")
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                actual = runner.generate(prompts, limits, overlap=True)
+                actual = scheduler.generate(prompts, limits, overlap=True)
         finally:
             torch.cuda.set_sync_debug_mode("default")
     syncs = [str(w.message).splitlines()[0] for w in caught

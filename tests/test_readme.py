@@ -93,7 +93,8 @@ def test_the_contract_example_runs_under_every_runner() -> None:
     model, options = namespace["model"], namespace["options"]
     served = impl.ModelRunner(model, decode_cuda_graph=False, **options)
     manager = impl.CudaGraphManager(
-        served, impl.CUDAGraphMode.FULL_AND_PIECEWISE, capture_sizes=[1, 2, 4, 8, 16, 32]
+        served.graph_target(), impl.CUDAGraphMode.FULL_AND_PIECEWISE,
+        capture_sizes=[1, 2, 4, 8, 16, 32],
     )
     manager.capture()
     prompts = namespace["prompts"]

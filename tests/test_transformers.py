@@ -70,7 +70,7 @@ def test_generation_equals_transformers(device: Any, arch: str) -> None:
     model = impl.from_transformers(hf)
     for mode in ("eager", "graphs"):
         runner = _runner(model, device, mode)
-        out = runner.generate(_PROMPTS, _NEW)
+        out = impl.Scheduler(runner).generate(_PROMPTS, _NEW)
         assert out.tokens == [tokens for tokens, _ in expected], f"{arch} {mode}"
         for i, (got, (_, want)) in enumerate(zip(out.logits, expected, strict=True)):
             where = f"{arch} {mode} request {i}"
@@ -254,6 +254,6 @@ def test_the_sanitizer_is_silent_on_transformers_models(arch: str, requests: Any
                                     sanitize="all"), hf)
     runner, hf = _SANITIZED[arch]
     prompts, limits = [p for p, _ in requests], [m for _, m in requests]
-    out = runner.generate(prompts, limits)
+    out = impl.Scheduler(runner).generate(prompts, limits)
     for prompt, limit, tokens in zip(prompts, limits, out.tokens, strict=True):
         assert tokens == _reference(hf, prompt, limit)[0], (arch, prompt)

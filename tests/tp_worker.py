@@ -65,10 +65,10 @@ def check(device: Any, communicator: Any) -> dict[str, Any]:
     for kind in ("dense", "hybrid_swa"):
         one = _runner(_model(kind, device, torch.float32), device, None,
                       decode_cuda_graph=False, prefill="eager")
-        want = one.generate(_PROMPTS, 8)
+        want = impl.Scheduler(one).generate(_PROMPTS, 8)
         sharded = impl.shard_model(_model(kind, device, torch.float32), communicator)
         tp = _runner(sharded, device, communicator)
-        got = tp.generate(_PROMPTS, 8)
+        got = impl.Scheduler(tp).generate(_PROMPTS, 8)
         result[kind] = {
             "tokens_equal": got.tokens == want.tokens,
             "fp32_max_diff": max(float((a.float() - b.float()).abs().max())
@@ -81,7 +81,7 @@ def check(device: Any, communicator: Any) -> dict[str, Any]:
     # bf16 under teacher forcing: one rank's greedy tokens fed to both.
     one = _runner(_model("dense", device, torch.bfloat16), device, None,
                   decode_cuda_graph=False, prefill="eager")
-    tokens = one.generate(_PROMPTS[:1], 8).tokens[0]
+    tokens = impl.Scheduler(one).generate(_PROMPTS[:1], 8).tokens[0]
     want = _forced(one, _PROMPTS[0], tokens)
     tp = _runner(impl.shard_model(_model("dense", device, torch.bfloat16), communicator), device,
                  communicator)

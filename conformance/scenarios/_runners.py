@@ -103,9 +103,9 @@ def make_runner(
         capture_bs=capture_bs,
         prefill="breakable" if prefill is not None else "eager",
         capture_num_tokens=capture_num_tokens,
-        decode_runner=(lambda mr, sizes: decode(mr, capture_bs=sizes, **options))
+        decode_runner=(lambda target, sizes: decode(target, capture_bs=sizes, **options))
         if decode is not None else None,
-        prefill_runner=(lambda mr, sizes: prefill(mr, capture_num_tokens=sizes))
+        prefill_runner=(lambda target, sizes: prefill(target, capture_num_tokens=sizes))
         if prefill is not None else None,
         **level,
     )

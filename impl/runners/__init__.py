@@ -1,22 +1,21 @@
-"""Graph runners: the model runner, the full-graph decode runner, the breakable prefill runner
-and the vLLM-style graph manager."""
+"""Graph runners: the graph ladder and the recipes of the reference runner kinds (full-graph
+decode, breakable prefill), the model runner, the scheduler above it, and the vLLM-style graph
+manager."""
 
 import spec as _spec
 
+from ._cache import AttentionBackendFactory, KVCacheFactory, default_attention_backend
 from ._common import RunnerStats
-from ._decode import DECODE_STEPS, CudaGraphRunner, DecodeEntry, default_decode_sizes
+from ._decode import DECODE_STEPS, DecodeRecipe, default_decode_sizes
+from ._ladder import GraphEntry, GraphLadder
 from ._layer_stack import resolve_layer_stack
 from ._manager import BatchDescriptor, CudagraphDispatcher, CudaGraphManager, CUDAGraphMode
-from ._model_runner import (
-    AttentionBackendFactory,
-    KVCacheFactory,
-    ModelRunner,
-    ModelRunnerStats,
-    default_attention_backend,
-)
-from ._overlap import OverlapScheduler
-from ._prefill import PREFILL_STEPS, BreakableCudaGraphRunner, PrefillEntry, default_prefill_sizes
+from ._model_runner import ModelRunner, ModelRunnerStats
+from ._overlap import OverlapStepper
+from ._prefill import PREFILL_STEPS, PrefillRecipe, default_prefill_sizes
+from ._runners import BreakableCudaGraphRunner, CudaGraphRunner
 from ._schedule import GenerateOutput, Request, generation_schedule
+from ._scheduler import Scheduler
 from ._target import GraphTarget
 
 _spec.register_machinery(__name__)  # its frames never issue a recorded op
@@ -30,17 +29,20 @@ __all__ = [
     "CudaGraphRunner",
     "CudagraphDispatcher",
     "DECODE_STEPS",
-    "DecodeEntry",
+    "DecodeRecipe",
     "GenerateOutput",
+    "GraphEntry",
+    "GraphLadder",
     "GraphTarget",
     "KVCacheFactory",
     "ModelRunner",
     "ModelRunnerStats",
-    "OverlapScheduler",
+    "OverlapStepper",
     "PREFILL_STEPS",
-    "PrefillEntry",
+    "PrefillRecipe",
     "Request",
     "RunnerStats",
+    "Scheduler",
     "default_attention_backend",
     "default_decode_sizes",
     "default_prefill_sizes",

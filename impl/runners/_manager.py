@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from ..models import ForwardBatch
 from ..sanitizer import ReplayShadow, SanitizeLevel, check_sanitize
 from ._common import check_sizes, pad_to_captured
-from ._decode import CudaGraphRunner, default_decode_sizes
-from ._prefill import BreakableCudaGraphRunner, default_prefill_sizes
-from ._target import GraphTarget, as_graph_target
+from ._decode import default_decode_sizes
+from ._ladder import GraphLadder
+from ._prefill import default_prefill_sizes
+from ._runners import BreakableCudaGraphRunner, CudaGraphRunner
+from ._target import GraphTarget
 
 __all__ = ["BatchDescriptor", "CUDAGraphMode", "CudaGraphManager", "CudagraphDispatcher"]
 
@@ -131,29 +133,33 @@ ManagerKey = tuple[CUDAGraphMode, BatchDescriptor]
 
 class CudaGraphManager:
     """Graphs of one target under a :class:`CUDAGraphMode`, in the shape of vLLM's model
-    runner: full graphs for uniform decode batches (:class:`~impl.CudaGraphRunner`), piecewise
-    graphs as breakable graphs (:class:`~impl.BreakableCudaGraphRunner`) for everything else,
-    one pool for all of them.
+    runner: full graphs for uniform decode batches (a :class:`~impl.CudaGraphRunner` ladder),
+    piecewise graphs as breakable graphs (a :class:`~impl.BreakableCudaGraphRunner` ladder) for
+    everything else, one pool for all of them.
 
     Arguments:
-        target: the :class:`~impl.GraphTarget` (its pool and capture stream are the
-            manager's); a :class:`~impl.ModelRunner` stands for its target.
+        target: the :class:`~impl.GraphTarget` (``model_runner.graph_target()``); its pool and
+            capture stream are the manager's.
         mode: the configured mode.
         capture_sizes: token counts (default: the decode ladder up to ``max_bs`` for FULL, and
             the prefill ladder for PIECEWISE).
         use_breakable: whether piecewise graphs are breakable graphs; without it, piecewise
             batches run the plain model call.
-        sanitize: the sanitizer level of the manager's runners and routes (default: the
+        sanitize: the sanitizer level of the manager's ladders and routes (default: the
             target's): a capture diff of every graph (``SAN-1``), a replay shadow of every
             graph route (``SAN-2``).
 
-    Capture (:meth:`capture`) puts piecewise graphs first, then full graphs, each largest
-    first, into the one pool. :meth:`decide` is the one decision per step: the dispatcher's
-    runtime mode and descriptor, turned into ``NONE`` where the graph runner of that mode
-    declines the batch (a full graph serves uniform decode batches only; a breakable graph at
-    most doubles the work). :meth:`run` trusts it: FULL replays the full graph of its
-    descriptor, PIECEWISE the breakable graph, NONE runs eagerly. :meth:`execute` is both. A
-    full graph never breaks (``RUN-10``).
+    The manager holds its ladders keyed by the dispatcher's descriptors: a uniform-decode FULL
+    descriptor ``(n, n, True)`` is the full ladder's size ``n``, a PIECEWISE descriptor ``(n)``
+    the breakable ladder's token count ``n``. :meth:`decide` is the one decision per step, the
+    dispatcher's: its mode and descriptor, as they are, unless no graph behind the descriptor
+    serves the batch (a FULL descriptor that is not a uniform decode: full graphs here serve
+    uniform decode only, extend attention changing shape every step; a size above the
+    target's limits; a batch the breakable ladder declines because padding would more than
+    double it), which is ``NONE`` (counted in that ladder's ``eager_fallbacks``). :meth:`run`
+    trusts it: FULL and PIECEWISE replay the ladder of the descriptor, NONE runs eagerly.
+    :meth:`execute` is both. Capture (:meth:`capture`) puts piecewise graphs first, then full
+    graphs, each largest first, into the one pool. A full graph never breaks (``RUN-10``).
 
     One rank only: a model sharded over several ranks (``tensor_parallel_size`` above 1) is
     refused with :class:`NotImplementedError`; :class:`~impl.ModelRunner`'s runners take a
@@ -162,99 +168,86 @@ class CudaGraphManager:
 
     def __init__(
         self,
-        target: GraphTarget | Any,
+        target: GraphTarget,
         mode: CUDAGraphMode,
         *,
         capture_sizes: Sequence[int] | None = None,
         use_breakable: bool = True,
         sanitize: SanitizeLevel | None = None,
     ) -> None:
-        self.target: GraphTarget = as_graph_target(target)
-        if self.target.config.tensor_parallel_size > 1:
+        if target.config.tensor_parallel_size > 1:
             raise NotImplementedError(
                 "CudaGraphManager runs one rank; a tensor-parallel model's graphs need the "
                 "collective decisions of ModelRunner's runners (communicator=)"
             )
-        self.sanitize = self.target.sanitize if sanitize is None else check_sanitize(sanitize)
-        self._shadow = (
-            ReplayShadow(self.target) if self.sanitize in ("replays", "all") else None
-        )
+        self.target = target
+        self.sanitize = target.sanitize if sanitize is None else check_sanitize(sanitize)
+        self._shadow = ReplayShadow(target) if self.sanitize in ("replays", "all") else None
         self.mode = mode
-        limit = min(self.target.max_context_len, self.target.max_total_tokens)
+        limit = min(target.max_context_len, target.max_total_tokens)
         if capture_sizes is None:
             capture_sizes = sorted(
-                set(default_decode_sizes(self.target.max_bs))
+                set(default_decode_sizes(target.max_bs))
                 | set(default_prefill_sizes(min(limit, 512)))
             )
         self.capture_sizes = check_sizes("capture_sizes", capture_sizes, limit)
-        self.dispatcher = CudagraphDispatcher(mode, self.capture_sizes, self.target.max_bs)
+        self.dispatcher = CudagraphDispatcher(mode, self.capture_sizes, target.max_bs)
         self.use_breakable_cg = bool(use_breakable) and mode.has_piecewise_cudagraphs()
-        self.pool = self.target.pool
-        self.stream = self.target.stream
-        self._pw_runners: dict[int, BreakableCudaGraphRunner] = {}
+        self.pool = target.pool
+        self.stream = target.stream
+        self._pw_ladders: dict[int, BreakableCudaGraphRunner] = {}
         self._full: CudaGraphRunner | None = None
 
-    # -- piecewise -----------------------------------------------------------------------------
+    # -- ladders -------------------------------------------------------------------------------
 
-    def init_breakable_cg_runner(self, model: GraphTarget | Any) -> BreakableCudaGraphRunner:
-        """The breakable runner of ``model`` (a :class:`~impl.GraphTarget`, or a model runner
-        standing for its target: the manager's own or a draft's), created on first use,
-        capturing into the manager's pool."""
-        target = as_graph_target(model)
-        runner = self._pw_runners.get(id(target))
-        if runner is None:
-            sizes = sorted(self.dispatcher.keys[CUDAGraphMode.PIECEWISE]) or [
-                BatchDescriptor(self.capture_sizes[-1])
-            ]
+    def init_breakable_cg_runner(self, target: GraphTarget) -> BreakableCudaGraphRunner:
+        """The breakable ladder of ``target`` (the manager's own, or a draft's), created on
+        first use with the PIECEWISE descriptors' token counts, capturing into the manager's
+        pool."""
+        ladder = self._pw_ladders.get(id(target))
+        if ladder is None:
             limit = min(target.max_context_len, target.max_total_tokens)
-            runner = BreakableCudaGraphRunner(
-                target, capture_num_tokens=[d.num_tokens for d in sizes if d.num_tokens <= limit],
-                pool=self.pool, stream=self.stream, sanitize=self.sanitize,
-            )
-            self._pw_runners[id(target)] = runner
-        return runner
+            keys = self.dispatcher.keys[CUDAGraphMode.PIECEWISE] or {
+                BatchDescriptor(self.capture_sizes[-1])
+            }
+            sizes = [d.num_tokens for d in keys if d.num_tokens <= limit]
+            ladder = BreakableCudaGraphRunner(target, capture_num_tokens=sizes, pool=self.pool,
+                                              stream=self.stream, sanitize=self.sanitize)
+            self._pw_ladders[id(target)] = ladder
+        return ladder
 
-    def run_pw_graph(self, model: GraphTarget | Any, batch: ForwardBatch) -> torch.Tensor:
-        """A piecewise step of ``model``: its breakable runner when breakable graphs are on
-        (a batch it declines runs eagerly), else the plain model call."""
-        target = as_graph_target(model)
-        if not self.use_breakable_cg:
-            return target.forward(batch)
-        runner = self.init_breakable_cg_runner(target)
-        padded = runner.decide(batch)
-        return target.forward(batch) if padded is None else runner.run(padded, batch)
+    def _full_sizes(self) -> list[int]:
+        return sorted(d.num_tokens for d in self.dispatcher.keys[CUDAGraphMode.FULL] if d.uniform)
 
-    # -- full ----------------------------------------------------------------------------------
-
-    def _full_runner(self) -> CudaGraphRunner:
+    def full_runner(self) -> CudaGraphRunner:
+        """The full ladder: the uniform-decode FULL descriptors' sizes, created on first use
+        (:class:`ValueError` in a mode without any)."""
         if self._full is None:
-            sizes = sorted(d.num_tokens for d in self.dispatcher.keys[CUDAGraphMode.FULL]
-                           if d.uniform)
-            self._full = CudaGraphRunner(self.target, capture_bs=sizes, sanitize=self.sanitize)
+            self._full = CudaGraphRunner(self.target, capture_bs=self._full_sizes(),
+                                         sanitize=self.sanitize)
         return self._full
 
-    def run_fullgraph(self, desc: BatchDescriptor, batch: ForwardBatch) -> torch.Tensor:
-        """Replay the full graph captured for ``desc`` (a uniform-decode descriptor from
-        :meth:`decide`) with ``batch`` padded into it.
-
-        .. note::
-            Full graphs here serve uniform decode batches: extend attention has shapes that
-            change every step. In plain ``FULL`` mode a non-uniform batch dispatches FULL (the
-            dispatcher follows the mode); :meth:`decide` then declines it (counted in the full
-            runner's ``eager_fallbacks``) and it runs eagerly.
-        """
-        if desc not in self.dispatcher.keys[CUDAGraphMode.FULL] or not desc.uniform:
-            raise ValueError(f"no full graph is captured for {desc}")
-        return self._full_runner().run(desc.num_tokens, batch)
-
-    # -- capture, decision and execution -------------------------------------------------------
+    def ladder_of(self, mode: CUDAGraphMode) -> GraphLadder | None:
+        """The ladder holding ``mode``'s graphs of the manager's target (created on first use),
+        or ``None`` where the mode has none."""
+        if mode is CUDAGraphMode.FULL and self._full_sizes():
+            return self.full_runner()
+        if mode is CUDAGraphMode.PIECEWISE and self.use_breakable_cg:
+            return self.init_breakable_cg_runner(self.target)
+        return None
 
     def capture(self) -> None:
         """Capture every graph of the mode into the one pool: piecewise first, then full."""
-        if self.mode.has_piecewise_cudagraphs() and self.use_breakable_cg:
-            self.init_breakable_cg_runner(self.target)
-        if self.dispatcher.keys[CUDAGraphMode.FULL]:
-            self._full_runner()
+        self.ladder_of(CUDAGraphMode.PIECEWISE)
+        self.ladder_of(CUDAGraphMode.FULL)
+
+    @property
+    def runners(self) -> tuple[GraphLadder, ...]:
+        """Every ladder the manager made so far."""
+        full = (self._full,) if self._full is not None else ()
+        return (*self._pw_ladders.values(), *full)
+
+    # -- decision and execution ----------------------------------------------------------------
 
     def dispatch(self, batch: ForwardBatch) -> tuple[CUDAGraphMode, BatchDescriptor]:
         """The dispatcher's answer for ``batch`` (host values only)."""
@@ -262,42 +255,52 @@ class CudaGraphManager:
         return self.dispatcher.dispatch(batch.num_tokens, uniform_decode=uniform)
 
     def decide(self, batch: ForwardBatch) -> ManagerKey:
-        """The one decision for ``batch``: :meth:`dispatch`, then ``NONE`` where the mode's
-        graph runner declines it (see the class docstring)."""
+        """The one decision for ``batch``: :meth:`dispatch`, or ``NONE`` where no graph behind
+        its descriptor serves the batch (see the class docstring)."""
         mode, desc = self.dispatch(batch)
-        eager = (CUDAGraphMode.NONE, BatchDescriptor(batch.num_tokens))
-        if mode is CUDAGraphMode.FULL:
-            return (mode, desc) if self._full_runner().decide(batch) is not None else eager
-        if mode is CUDAGraphMode.PIECEWISE and self.use_breakable_cg:
-            runner = self.init_breakable_cg_runner(self.target)
-            padded = runner.decide(batch)
-            return (mode, BatchDescriptor(padded)) if padded is not None else eager
-        return eager if mode is CUDAGraphMode.PIECEWISE else (mode, desc)
+        if mode is CUDAGraphMode.NONE:
+            return mode, desc
+        ladder = self.ladder_of(mode)
+        if ladder is not None and ladder.serves(desc.num_tokens, batch):
+            return mode, desc
+        if ladder is not None:
+            ladder.decline()  # a full ladder declines what is not a uniform decode
+        return CUDAGraphMode.NONE, BatchDescriptor(batch.num_tokens)
 
     def run(self, key: ManagerKey, batch: ForwardBatch) -> torch.Tensor:
         """Run ``batch`` on the path ``key`` (from :meth:`decide`) names, trusting it; with a
         replay shadow (``sanitize="replays"`` or ``"all"``), a graph path is checked against
         the same batch run eagerly (``SAN-2``)."""
         mode, desc = key
-        if self._shadow is not None and mode is not CUDAGraphMode.NONE:
-            return self._shadow.run(lambda: self._route(mode, desc, batch), batch,
+        if mode is CUDAGraphMode.NONE:
+            return self.target.forward(batch)
+        ladder = self.ladder_of(mode)
+        if (ladder is None or desc.num_tokens not in ladder.entries
+                or (mode is CUDAGraphMode.FULL and not desc.uniform)):
+            raise ValueError(f"no {mode.name} graph is captured for {desc}")
+        if self._shadow is not None:
+            return self._shadow.run(lambda: ladder.run(desc.num_tokens, batch), batch,
                                     desc.num_tokens)
-        return self._route(mode, desc, batch)
-
-    def _route(self, mode: CUDAGraphMode, desc: BatchDescriptor,
-               batch: ForwardBatch) -> torch.Tensor:
-        if mode is CUDAGraphMode.FULL:
-            return self.run_fullgraph(desc, batch)
-        if mode is CUDAGraphMode.PIECEWISE:
-            return self.init_breakable_cg_runner(self.target).run(desc.num_tokens, batch)
-        return self.target.forward(batch)
+        return ladder.run(desc.num_tokens, batch)
 
     def execute(self, batch: ForwardBatch) -> torch.Tensor:
         """:meth:`decide`, then :meth:`run`."""
         return self.run(self.decide(batch), batch)
 
-    @property
-    def runners(self) -> tuple[Any, ...]:
-        """Every graph runner the manager made so far."""
-        full = (self._full,) if self._full is not None else ()
-        return (*self._pw_runners.values(), *full)
+    def run_fullgraph(self, desc: BatchDescriptor, batch: ForwardBatch) -> torch.Tensor:
+        """Replay the full graph of ``desc`` (a uniform-decode descriptor from :meth:`decide`)
+        with ``batch`` padded into it."""
+        return self.run((CUDAGraphMode.FULL, desc), batch)
+
+    def run_pw_graph(self, target: GraphTarget, batch: ForwardBatch) -> torch.Tensor:
+        """A piecewise step of ``target`` (the manager's, or a draft's): the dispatcher's
+        PIECEWISE descriptor on its breakable ladder when breakable graphs are on and the ladder
+        serves the batch, else the plain model call."""
+        if not self.use_breakable_cg:
+            return target.forward(batch)
+        mode, desc = self.dispatcher.dispatch(batch.num_tokens)
+        ladder = self.init_breakable_cg_runner(target)
+        if mode is CUDAGraphMode.PIECEWISE and ladder.serves(desc.num_tokens, batch):
+            return ladder.run(desc.num_tokens, batch)
+        ladder.decline()
+        return target.forward(batch)

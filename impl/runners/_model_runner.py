@@ -1,12 +1,11 @@
 """The model runner: owns the KV cache, the attention backend and the graph runners, builds
-batches for requests that come and go, and runs greedy generation."""
+batches for requests that come and go, and runs one step (generation is the scheduler's)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import itertools
-import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -16,50 +15,22 @@ import torch
 from spec import DecisionMismatch, DeviceModule, RunnerConfig
 
 from ..breakable import default_capture_stream
-from ..models import (
-    ForwardBatch,
-    ForwardMode,
-    HybridSWAKVCache,
-    KVCache,
-    TorchAttentionBackend,
-    host_to_device,
-)
+from ..models import ForwardBatch, ForwardMode, HybridSWAKVCache, host_to_device
 from ..sanitizer import ReplayShadow, SanitizeLevel, check_sanitize
+from ._cache import (
+    AttentionBackendFactory,
+    KVCacheFactory,
+    default_attention_backend,
+    make_kv_cache,
+)
 from ._common import RunnerStats, check_communicator
-from ._decode import CudaGraphRunner
-from ._overlap import OverlapScheduler
-from ._prefill import BreakableCudaGraphRunner
-from ._schedule import GenerateOutput, Request, generation_schedule
+from ._runners import BreakableCudaGraphRunner, CudaGraphRunner
+from ._schedule import Request
 from ._target import GraphTarget
 
 __all__ = ["ModelRunner", "ModelRunnerStats"]
 
 PrefillMode = Literal["eager", "breakable"]
-
-AttentionBackendFactory = Callable[[KVCache, RunnerConfig], Any]
-"""``(kv_cache, runner_config) -> backend``: builds the attention backend of a model runner."""
-
-KVCacheFactory = Callable[..., KVCache]
-"""Called with :class:`~impl.KVCache`'s keyword arguments (and, for a model with sliding-window
-layers, :class:`~impl.HybridSWAKVCache`'s ``swa_size`` and ``sliding_window``)."""
-
-
-def default_attention_backend(
-    kv_cache: KVCache, config: RunnerConfig, *, max_bs: int, max_num_tokens: int
-) -> TorchAttentionBackend:
-    """The reference backend for ``config``: its heads, window, scale, logit softcap and, for
-    two-half metadata, the compressor weights."""
-    return TorchAttentionBackend(
-        kv_cache, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
-        head_dim=config.head_dim, sliding_window=config.sliding_window, max_bs=max_bs,
-        max_num_tokens=max_num_tokens, compressor=config.two_half_metadata,
-        scale=config.attention_scale, logit_softcap=config.attention_logit_softcap,
-    )
-
-
-def _default_kv_cache(**kwargs: Any) -> KVCache:
-    return HybridSWAKVCache(**kwargs) if "swa_size" in kwargs else KVCache(**kwargs)
-
 
 @dataclass(frozen=True)
 class ModelRunnerStats:
@@ -93,9 +64,10 @@ class ModelRunner:
         attention_backend: ``(kv_cache, runner_config) -> backend`` (default the reference
             :class:`~impl.TorchAttentionBackend` for the config).
         kv_cache: a factory of the KV cache (see :data:`KVCacheFactory`).
-        decode_runner, prefill_runner: factories ``(model_runner, sizes) -> runner`` replacing
-            the reference runners (a third party's, or a mutant); a runner is built from
-            :meth:`graph_target` (``runner(model_runner)`` still works for one release).
+        decode_runner, prefill_runner: factories ``(target, sizes) -> runner`` replacing the
+            reference runners (a third party's, or a mutant), called with :meth:`graph_target`
+            and ``capture_bs`` / ``capture_num_tokens``; the runner is a
+            :class:`spec.GraphRunner` (``decide`` and ``run``).
         sanitize: what the sanitizer checks (:data:`impl.SanitizeLevel`, default ``"off"``):
             ``"captures"`` makes a capture diff of every captured size (``SAN-1``:
             :class:`spec.HostValueBaked` at construction), ``"replays"`` checks every replay
@@ -107,10 +79,10 @@ class ModelRunner:
             graph runners then capture, warm up and decide in lockstep (``TP-2`` .. ``TP-6``).
             :meth:`close` releases the graphs before the process group is destroyed.
 
-    :meth:`forward` decides once per step which runner serves a batch (its ``decide``, or a
-    third party's gate ``runner(batch)``) and runs a declined batch eagerly itself. With every
-    graph off (``decode_cuda_graph=False, prefill="eager"``) it is the eager ground truth every
-    runner is compared with.
+    :meth:`forward` decides once per step which runner serves a batch (its ``decide``) and runs
+    a declined batch eagerly itself. With every graph off (``decode_cuda_graph=False,
+    prefill="eager"``) it is the eager ground truth every runner is compared with. Generation
+    (requests joining and leaving over many steps) is :class:`~impl.Scheduler`'s, above it.
     """
 
     def __init__(
@@ -129,8 +101,8 @@ class ModelRunner:
         model_config: RunnerConfig | None = None,
         attention_backend: AttentionBackendFactory | None = None,
         kv_cache: KVCacheFactory | None = None,
-        decode_runner: Callable[[ModelRunner, Sequence[int] | None], Any] | None = None,
-        prefill_runner: Callable[[ModelRunner, Sequence[int] | None], Any] | None = None,
+        decode_runner: Callable[[GraphTarget, Sequence[int] | None], Any] | None = None,
+        prefill_runner: Callable[[GraphTarget, Sequence[int] | None], Any] | None = None,
         sanitize: SanitizeLevel = "off",
         communicator: Any = None,
     ) -> None:
@@ -163,7 +135,11 @@ class ModelRunner:
         self.max_total_tokens = max_total_tokens
         self.max_context_len = max_context_len or min(max_total_tokens, 512)
         self.swa_full_tokens_ratio = swa_full_tokens_ratio
-        self.kv_cache = self._make_kv_cache(kv_cache or _default_kv_cache)
+        self.kv_cache = make_kv_cache(
+            kv_cache, config, size=max_total_tokens, max_requests=max_running_requests,
+            max_context_len=self.max_context_len, device=device.device,
+            swa_full_tokens_ratio=swa_full_tokens_ratio,
+        )
         make_backend = attention_backend or functools.partial(
             default_attention_backend, max_bs=max_running_requests,
             max_num_tokens=max_total_tokens,
@@ -184,20 +160,18 @@ class ModelRunner:
         )
         self.decode_runner: Any = None
         self.prefill_runner: Any = None
-        self._overlap: OverlapScheduler | None = None  # made by the first overlapped generate
         try:
             if prefill == "breakable":
                 make = prefill_runner or (
-                    lambda mr, sizes: BreakableCudaGraphRunner(
-                        mr.graph_target(), capture_num_tokens=sizes
-                    )
+                    lambda target, sizes: BreakableCudaGraphRunner(
+                        target, capture_num_tokens=sizes)
                 )
-                self.prefill_runner = make(self, capture_num_tokens)
+                self.prefill_runner = make(self._target, capture_num_tokens)
             if decode_cuda_graph:
                 make = decode_runner or (
-                    lambda mr, sizes: CudaGraphRunner(mr.graph_target(), capture_bs=sizes)
+                    lambda target, sizes: CudaGraphRunner(target, capture_bs=sizes)
                 )
-                self.decode_runner = make(self, capture_bs)
+                self.decode_runner = make(self._target, capture_bs)
         except BaseException:
             self.close()  # the graphs captured so far go before the caller sees the error
             raise
@@ -222,6 +196,11 @@ class ModelRunner:
         """This rank's communicator (``None`` on one rank)."""
         return self._target.communicator
 
+    @property
+    def sanitize(self) -> SanitizeLevel:
+        """What the sanitizer checks (:data:`impl.SanitizeLevel`)."""
+        return self._target.sanitize
+
     def close(self) -> None:
         """Release every graph of the graph runners (their ``close()``); later steps run
         eagerly. Call it before destroying the process group a tensor-parallel model's graphs
@@ -232,22 +211,6 @@ class ModelRunner:
             if callable(close):
                 close()
             setattr(self, name, None)
-
-    def _make_kv_cache(self, make: KVCacheFactory) -> KVCache:
-        config = self.config
-        common: dict[str, Any] = dict(
-            layer_types=config.layer_types, num_kv_heads=config.num_kv_heads,
-            head_dim=config.head_dim, size=self.max_total_tokens,
-            max_requests=self.max_running_requests, max_context_len=self.max_context_len,
-            dtype=config.kv_dtype, device=self.device.device,
-        )
-        if config.recurrent_state_shape:
-            common["recurrent_dim"] = math.prod(config.recurrent_state_shape)
-            common["recurrent_dtype"] = config.recurrent_state_dtype or config.kv_dtype
-        if config.is_hybrid_swa:
-            swa = max(1, int(self.max_total_tokens * self.swa_full_tokens_ratio))
-            return make(swa_size=swa, sliding_window=config.sliding_window, **common)
-        return make(**common)
 
     # -- forward -------------------------------------------------------------------------------
 
@@ -271,10 +234,7 @@ class ModelRunner:
         return self.forward_eager(batch)
 
     def _serve(self, runner: Any, batch: ForwardBatch) -> torch.Tensor:
-        decide = getattr(runner, "decide", None)
-        if decide is None:
-            return runner(batch)  # a third party's gate (the shape of one release)
-        key = decide(batch)
+        key = runner.decide(batch)
         if key is None:
             return self.forward_eager(batch)
         if self._shadow is None:
@@ -287,7 +247,9 @@ class ModelRunner:
 
     # -- requests and batches ------------------------------------------------------------------
 
-    def _check_prompt(self, prompt: Sequence[int]) -> list[int]:
+    def check_prompt(self, prompt: Sequence[int]) -> list[int]:
+        """``prompt`` as a list of ints; :class:`ValueError` for an empty prompt or an id
+        outside the vocabulary."""
         tokens = [int(t) for t in prompt]
         if not tokens:
             raise ValueError("prompt must hold at least one token")
@@ -298,7 +260,7 @@ class ModelRunner:
 
     def new_request(self, prompt: Sequence[int]) -> Request:
         """A request for ``prompt`` with its own row (no KV yet: :meth:`extend` caches it)."""
-        return Request(self._check_prompt(prompt), self.kv_cache.alloc_request())
+        return Request(self.check_prompt(prompt), self.kv_cache.alloc_request())
 
     def release(self, request: Request) -> None:
         """Free a finished request's KV slots and row (once: a second call frees them again)."""
@@ -468,82 +430,6 @@ class ModelRunner:
                 taken, r.slots = r.slots[n:], r.slots[:n]
                 self.kv_cache.free_tokens(taken)
             raise
-
-    # -- generation ----------------------------------------------------------------------------
-
-    def generate(
-        self, prompts: list[list[int]], max_new_tokens: int | list[int], *,
-        overlap: bool = False, return_logits: bool = True,
-    ) -> GenerateOutput:
-        """Greedy generation. At most ``max_running_requests`` run at once; a waiting request
-        joins (one extend step for all that join) whenever there is room, otherwise the running
-        ones decode one token. Deterministic: the same arguments give the same schedule
-        (:func:`generation_schedule`) and the same tokens in both modes.
-
-        ``overlap=True`` runs the schedule with :class:`~impl.OverlapScheduler`: step ``n +
-        1`` is prepared on the host while step ``n`` runs on the device and staged on a copy
-        stream ordered after step ``n``, tokens stay on the device, and the host synchronizes
-        once, at the end. It supports the
-        sanitizer level ``"off"`` only: with any other level (a shadow compares every replay
-        on the host) generation runs unoverlapped. Multi-rank agreement (``decide``) is made
-        on the host, so tensor-parallel runners overlap too.
-
-        ``return_logits=False`` keeps every step's logits on the device (``logits`` is
-        ``None``): what an engine that samples on the device copies back is the token ids.
-
-        .. note::
-            Whatever raises during a generation (the model, a graph runner or its hook, a step
-            the ranks refuse, a ``KeyboardInterrupt``), every request of the call gives its
-            rows and KV slots back before the exception leaves, in both modes and on every
-            rank; the exception is the one raised, and the next generation works
-            (``RUN-14``, :meth:`holding`).
-        """
-        limits = self._check_generate(prompts, max_new_tokens)
-        if overlap and self._target.sanitize == "off":
-            if self._overlap is None:
-                self._overlap = OverlapScheduler(self)
-            return self._overlap.run(prompts, limits, return_logits=return_logits)
-        tokens: list[list[int]] = [[] for _ in prompts]
-        logits: list[list[torch.Tensor]] = [[] for _ in prompts]
-        # Whatever raises, the requests still live go back before it leaves (RUN-14).
-        with self.holding() as live:
-            for mode, step, finished in generation_schedule(self.max_running_requests, limits):
-                if mode.is_extend():
-                    for i in step:
-                        live[i] = self.new_request(prompts[i])
-                    out = self.extend([live[i] for i in step])
-                else:
-                    out = self.decode([live[i] for i in step])
-                ids = out.argmax(-1)
-                rows = out.float().cpu() if return_logits else ()
-                for j, (i, token) in enumerate(zip(step, ids.tolist(), strict=True)):
-                    live[i].output_ids.append(token)
-                    tokens[i].append(token)
-                    if return_logits:
-                        logits[i].append(rows[j])
-                for i in finished:
-                    self.release(live.pop(i))
-        if not return_logits:
-            return GenerateOutput(tokens, None)
-        return GenerateOutput(tokens, [torch.stack(rows) for rows in logits])
-
-    def _check_generate(
-        self, prompts: list[list[int]], max_new_tokens: int | list[int]
-    ) -> list[int]:
-        """The per-prompt limits; :class:`ValueError` for a bad limit or prompt, before any
-        request is admitted."""
-        n = len(prompts)
-        limits = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        if len(limits) != n:
-            raise ValueError(f"max_new_tokens has {len(limits)} entries for {n} prompts")
-        if any(isinstance(m, bool) or not isinstance(m, int) or m <= 0 for m in limits):
-            raise ValueError(f"max_new_tokens must be positive ints, got {max_new_tokens!r}")
-        for i, (p, m) in enumerate(zip(prompts, limits, strict=True)):
-            self._check_prompt(p)
-            if len(p) + m > self.max_context_len:
-                raise ValueError(f"prompt {i}: {len(p)} tokens + {m} new exceed max_context_len "
-                                 f"{self.max_context_len}")
-        return limits
 
 
 def _add_note(error: BaseException, note: str) -> None:

@@ -1,6 +1,6 @@
 """What generation is made of: a request's state, the output, and the host-side schedule that
-both generation modes (:meth:`~impl.ModelRunner.generate` and :class:`~impl.OverlapScheduler`)
-follow."""
+both generation modes of :meth:`Scheduler.generate <impl.Scheduler.generate>` (plain, and on
+:class:`~impl.OverlapStepper`) follow."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class Request:
 def generation_schedule(
     max_running: int, limits: Sequence[int]
 ) -> Iterator[tuple[ForwardMode, list[int], list[int]]]:
-    """The steps of :meth:`ModelRunner.generate`, decided on the host alone: per step its mode,
+    """The steps of :meth:`Scheduler.generate <impl.Scheduler.generate>`, decided on the host alone: per step its mode,
     the prompt indices it serves, and those of them that finish with it (their last token).
 
     Waiting prompts join, in order, as one extend step whenever fewer than ``max_running``

@@ -12,7 +12,7 @@ from spec import RunnerConfig
 from ..models import set_forward_context
 from ..sanitizer import SanitizeLevel, named_tensors
 
-__all__ = ["GraphTarget", "as_graph_target"]
+__all__ = ["GraphTarget"]
 
 
 @dataclass(eq=False)
@@ -40,8 +40,8 @@ class GraphTarget:
     max_context_len: int
     max_total_tokens: int
     eager_runs: int = 0
-    """Batches :meth:`forward` ran, whoever declined them (the model runner, a gate, the
-    manager): its own counter."""
+    """Batches :meth:`forward` ran, whoever declined them (the model runner, the manager): its
+    own counter."""
     sanitize: SanitizeLevel = "off"
     """What the sanitizer checks (:data:`impl.SanitizeLevel`) for runners built on this target
     that are given no level of their own."""
@@ -81,9 +81,3 @@ class GraphTarget:
             self.init_metadata(batch)
             return self.model(batch)
 
-
-def as_graph_target(target: Any) -> Any:
-    """``target`` itself, or the target of a model runner passed in its place (the constructor
-    shape ``Runner(model_runner, ...)`` engines use, kept for one release)."""
-    make = getattr(target, "graph_target", None)
-    return make() if callable(make) else target

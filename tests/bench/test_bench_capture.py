@@ -86,7 +86,7 @@ def _pool_for(device: impl.CudaDevice, model: torch.nn.Module, sizes: list[int])
     _settle()
     before = torch.cuda.memory_allocated()
     start = time.perf_counter()
-    prefill = BreakableCudaGraphRunner(runner, capture_num_tokens=sizes)
+    prefill = BreakableCudaGraphRunner(runner.graph_target(), capture_num_tokens=sizes)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     reserved, allocated = _pool_bytes(runner.graph_pool)
@@ -113,7 +113,7 @@ def _plain_ladder_seconds(
     the batches (host bookkeeping the breakable runner does on its placeholders) is not
     timed."""
     runner = _model_runner(device, model)
-    registry = _RegistryOnly(runner, capture_num_tokens=sizes).registry
+    registry = _RegistryOnly(runner.graph_target(), capture_num_tokens=sizes).registry
     backend, pool, stream = runner.attn_backend, torch.cuda.graph_pool_handle(), device.Stream()
     graphs, seconds = [], 0.0
     _settle()  # once, as before the breakable ladder (whose collections are timed with it)
@@ -279,7 +279,8 @@ def run_capture(device: impl.CudaDevice) -> dict[str, Any]:
                 runner = _model_runner(device, model)
                 _settle()
                 start = time.perf_counter()
-                prefill = BreakableCudaGraphRunner(runner, capture_num_tokens=[tokens])
+                prefill = BreakableCudaGraphRunner(runner.graph_target(),
+                                                   capture_num_tokens=[tokens])
                 torch.cuda.synchronize()
                 seconds["breakable"].append(time.perf_counter() - start)
                 request = runner.new_request(

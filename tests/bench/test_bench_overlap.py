@@ -1,5 +1,5 @@
 """Benchmark: how busy generation keeps the GPU, eager against decode graphs against decode
-graphs overlapped (``ModelRunner.generate(overlap=True)``), and the host time of a step.
+graphs overlapped (``Scheduler.generate(overlap=True)``), and the host time of a step.
 
 The model is ``test_bench_runners``' decode model (dense, 8 layers, hidden 1024, bf16). Per
 batch size (1, 8, 32), ``bs`` prompts of :data:`PROMPT_LEN` tokens generate :data:`NEW_TOKENS`
@@ -68,7 +68,10 @@ class MarkedRunner(ModelRunner):
     """A model runner whose steps are marked: each ``build_batch`` (the first host work of a
     step, in both generation modes) opens a profiler range and records the host time."""
 
-    marks: list[float]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.marks: list[float] = []
+        self.scheduler = impl.Scheduler(self)  # one overlap stepper (its streams) per runner
 
     def build_batch(self, *args: Any, **kwargs: Any) -> Any:
         self.marks.append(time.perf_counter())
@@ -125,14 +128,13 @@ def _runner(device: Any, mode: str, bs: int) -> MarkedRunner:
         max_total_tokens=bs * (PROMPT_LEN + NEW_TOKENS), decode_cuda_graph=mode != "eager",
         capture_bs=[bs], prefill="eager", max_context_len=PROMPT_LEN + NEW_TOKENS,
     )
-    runner.marks = []
     return runner
 
 
 def _generate(runner: MarkedRunner, mode: str, prompts: list[list[int]], new: int) -> Any:
     runner.marks = []
-    return runner.generate(prompts, new, overlap=mode == "graphs overlapped",
-                           return_logits=False)
+    return runner.scheduler.generate(prompts, new, overlap=mode == "graphs overlapped",
+                                     return_logits=False)
 
 
 def _measure(device: Any, mode: str, bs: int, trace_dir: Path) -> dict[str, Any]:

@@ -67,14 +67,14 @@ def _steps(ctx: Any, **options: Any) -> None:
 @pytest.mark.parametrize("kind", impl.TP_KINDS)
 def test_sharded_model_equals_one_rank(backend: Any, kind: str) -> None:
     device = backend.make_device()
-    eager = impl.ModelRunner(
+    eager = impl.Scheduler(impl.ModelRunner(
         _model(kind, device), device=device, max_running_requests=4, max_total_tokens=256,
         max_context_len=32, decode_cuda_graph=False,
-    ).generate(_PROMPTS, 6)
+    )).generate(_PROMPTS, 6)
 
     def rank(ctx: Any) -> Any:
         runner = _model_runner(ctx, kind)
-        out = runner.generate(_PROMPTS, 6)
+        out = impl.Scheduler(runner).generate(_PROMPTS, 6)
         replays = (runner.decode_runner.stats.replays, runner.prefill_runner.stats.replays)
         runner.close()
         return out, replays
@@ -94,15 +94,15 @@ def test_overlapped_generation_keeps_the_ranks_in_lockstep(backend: Any) -> None
     """Overlapped decode on every rank: decisions are exchanged on the host while the copy
     stream stages, and the tokens are one rank's."""
     device = backend.make_device()
-    eager = impl.ModelRunner(
+    eager = impl.Scheduler(impl.ModelRunner(
         _model("dense", device), device=device, max_running_requests=4, max_total_tokens=256,
         max_context_len=32, decode_cuda_graph=False,
-    ).generate(_PROMPTS, 4)
+    )).generate(_PROMPTS, 4)
 
     def rank(ctx: Any) -> Any:
         runner = _model_runner(ctx)
         with ctx.device.stream(ctx.device.default_stream()):
-            out = runner.generate(_PROMPTS, 4, overlap=True)
+            out = impl.Scheduler(runner).generate(_PROMPTS, 4, overlap=True)
         replays = runner.decode_runner.stats.replays
         runner.close()
         return out, replays
@@ -117,7 +117,7 @@ def test_collectives_are_recorded_and_replayed(backend: Any) -> None:
     """The all-reduces sit inside the graphs: captured once per size, run by every replay."""
 
     def rank(ctx: Any) -> Any:
-        _model_runner(ctx).generate(_PROMPTS[:2], 3)
+        impl.Scheduler(_model_runner(ctx)).generate(_PROMPTS[:2], 3)
         return ctx.communicator.group.sequences()[ctx.rank]
 
     for r, calls in enumerate(_ranks(backend, rank)):
@@ -225,7 +225,7 @@ def test_sanitizer_keeps_the_ranks_in_lockstep(backend: Any) -> None:
     issue the same collectives, and nothing is flagged."""
 
     def rank(ctx: Any) -> Any:
-        return _model_runner(ctx, sanitize="all").generate(_PROMPTS[:3], 4).tokens
+        return impl.Scheduler(_model_runner(ctx, sanitize="all")).generate(_PROMPTS[:3], 4).tokens
 
     tokens = _ranks(backend, rank)
     assert tokens[0] == tokens[1]
@@ -363,7 +363,7 @@ def test_sharded_model_needs_its_communicator(backend: Any) -> None:
         impl.ModelRunner(model, communicator=SimpleNamespace(rank=0, world_size=1), **options)
     with pytest.raises(NotImplementedError):
         impl.CudaGraphManager(impl.ModelRunner(model, communicator=stub, decode_cuda_graph=False,
-                                               **options), impl.CUDAGraphMode.FULL)
+                                               **options).graph_target(), impl.CUDAGraphMode.FULL)
     with pytest.raises(NotImplementedError, match="draft"):
         impl.shard_model(impl.build_model("draft", device=device.device, **_SHAPE), stub)
 
@@ -376,7 +376,7 @@ def test_close_releases_every_graph(backend: Any) -> None:
         graphs = [*runner.decode_runner.graphs.values(), *runner.prefill_runner.graphs.values()]
         runner.close()
         assert runner.decode_runner is None and runner.prefill_runner is None
-        runner.generate(_PROMPTS[:1], 2)  # eager after close, still in lockstep
+        impl.Scheduler(runner).generate(_PROMPTS[:1], 2)  # eager after close, still in lockstep
         return [g.state for g in graphs if hasattr(g, "state")]
 
     for states in _ranks(backend, rank):

@@ -120,7 +120,7 @@ def _eager(device: Any, kind: str) -> impl.GenerateOutput:
     key = (id(device), kind, "expected")
     if key not in _RUNNERS:
         eager = make_runner(device, kind, max_running_requests=_MAX_RUNNING, **_SHAPE)
-        _RUNNERS[key] = eager.generate(PROMPTS, LIMITS)
+        _RUNNERS[key] = impl.Scheduler(eager).generate(PROMPTS, LIMITS)
     return _RUNNERS[key]
 
 
@@ -153,11 +153,11 @@ def _pool(runner: Any) -> dict[str, int]:
 
 def _generate(device: Any, runner: Any, overlap: bool) -> impl.GenerateOutput:
     if not overlap:
-        return runner.generate(PROMPTS, LIMITS)
+        return impl.Scheduler(runner).generate(PROMPTS, LIMITS)
     # A default-stream body: the fake tracks every stream's eager work (ORD-5), so a release
     # unordered with a step still reading the slot mapping would be a StreamRace.
     with device.stream(device.default_stream()):
-        return runner.generate(PROMPTS, LIMITS, overlap=True)
+        return impl.Scheduler(runner).generate(PROMPTS, LIMITS, overlap=True)
 
 
 def _fails_and_leaks_nothing(device: Any, runner: Any, overlap: bool,

@@ -95,7 +95,8 @@ def test_dispatch_table(dispatch_api) -> None:
 def test_manager_routes_and_matches_eager(device, manager_api, mode_name) -> None:
     mode = getattr(manager_api.CUDAGraphMode, mode_name)
     runner = make_runner(device, "dense")
-    manager = manager_api.CudaGraphManager(runner, mode, capture_sizes=[1, 2, 4, 8, 16, 32])
+    manager = manager_api.CudaGraphManager(runner.graph_target(), mode,
+                                           capture_sizes=[1, 2, 4, 8, 16, 32])
     manager.capture()
     calls: list[str] = []
     backend = runner.attn_backend
@@ -123,12 +124,14 @@ def test_manager_routes_and_matches_eager(device, manager_api, mode_name) -> Non
 def test_draft_prefill_through_run_pw_graph_equals_eager(device, manager_api) -> None:
     target = make_runner(device, "dense")
     manager = manager_api.CudaGraphManager(
-        target, manager_api.CUDAGraphMode.FULL_AND_PIECEWISE, capture_sizes=[4, 8, 16])
+        target.graph_target(), manager_api.CUDAGraphMode.FULL_AND_PIECEWISE,
+        capture_sizes=[4, 8, 16])
     draft_graphs = make_runner(device, "draft", model=make_model(device, "draft"))
     draft_eager = make_runner(device, "draft", model=make_model(device, "draft"))
     hidden = torch.randn(7, 32, generator=torch.Generator().manual_seed(0)).to(device.device)
     results = []
-    for runner, run in ((draft_graphs, lambda b: manager.run_pw_graph(draft_graphs, b)),
+    draft_target = draft_graphs.graph_target()
+    for runner, run in ((draft_graphs, lambda b: manager.run_pw_graph(draft_target, b)),
                         (draft_eager, draft_eager.forward_eager)):
         requests = [runner.new_request([1, 2, 3]), runner.new_request([4, 5, 6, 7])]
         batch = runner.build_batch(impl.ForwardMode.EXTEND, requests, [r.prompt for r in requests])
@@ -137,4 +140,4 @@ def test_draft_prefill_through_run_pw_graph_equals_eager(device, manager_api) ->
         for r in requests:
             runner.release(r)
     expect_close(results[0], results[1], "draft prefill")
-    assert manager.init_breakable_cg_runner(draft_graphs).stats.replays == 1
+    assert manager.init_breakable_cg_runner(draft_target).stats.replays == 1

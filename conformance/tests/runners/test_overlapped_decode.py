@@ -30,7 +30,7 @@ LIMITS = [3, 2, 4, 1, 3]  # five prompts, four at a time: requests join and leav
 
 def _generate(device: Any, runner: impl.ModelRunner, overlap: bool) -> impl.GenerateOutput:
     with device.stream(device.default_stream()):
-        return runner.generate(PROMPTS, LIMITS, overlap=overlap)
+        return impl.Scheduler(runner).generate(PROMPTS, LIMITS, overlap=overlap)
 
 
 def _expect_same(actual: impl.GenerateOutput, expected: impl.GenerateOutput, what: str) -> None:
@@ -85,7 +85,8 @@ def test_staging_without_a_wait_on_the_last_step_races(
     decode = optional_runner(runner_api, "CudaGraphRunner")
     runner = make_runner(device, kind, decode=decode, sanitize=False)
     with device.stream(device.default_stream()), pytest.raises(spec.StreamRace) as info:
-        StagingWithoutWait(runner).run(PROMPTS, LIMITS)
+        impl.Scheduler(runner, overlap=StagingWithoutWait(runner)).generate(PROMPTS, LIMITS,
+                                                                             overlap=True)
     assert info.value.clause in ("ORD-1", "ORD-7"), info.value
     if kind == "dense":
         # The first write of step n + 1's staging is to the request-to-token table, which
@@ -108,7 +109,8 @@ def test_a_refused_step_gives_its_kv_slots_back(
     refuse_decision(monkeypatch, runner.prefill_runner, 2, "a prefill size", (1, 2))
     free = runner.kv_cache.available_tokens
     with device.stream(device.default_stream()), pytest.raises(spec.DecisionMismatch):
-        runner.generate([[1, 2, 3], [4, 5], [6, 7, 8, 9]], [2, 3, 1], overlap=overlap)
+        impl.Scheduler(runner).generate([[1, 2, 3], [4, 5], [6, 7, 8, 9]], [2, 3, 1],
+                                        overlap=overlap)
     # The refused step would have served prompt 2 alone: prompt 0 had finished and was
     # released; prompt 1, still running, gave its prompt slots and decoded token back too.
     assert runner.kv_cache.available_tokens == free, (

@@ -67,8 +67,8 @@ def test_generate_with_graphs_equals_eager(device, runner_api, kind, requests) -
     limits = [m for _, m in requests]
     eager = _cached(device, kind, "eager", runner_api)
     graphs = _cached(device, kind, "graphs", runner_api)
-    expected = eager.generate(prompts, limits)
-    actual = graphs.generate(prompts, limits)
+    expected = impl.Scheduler(eager).generate(prompts, limits)
+    actual = impl.Scheduler(graphs).generate(prompts, limits)
     assert actual.tokens == expected.tokens, (
         f"{kind}: tokens {actual.tokens}, eager {expected.tokens}"
     )

@@ -181,7 +181,7 @@ def test_the_manager_routes_are_shadowed(device) -> None:
     """The manager's FULL and PIECEWISE routes replay under the shadow with eager's results,
     and a skipped fill on its full graphs is named."""
     served = make_runner(device, "dense")
-    manager = impl.CudaGraphManager(served, impl.CUDAGraphMode.FULL_AND_PIECEWISE,
+    manager = impl.CudaGraphManager(served.graph_target(), impl.CUDAGraphMode.FULL_AND_PIECEWISE,
                                     capture_sizes=[1, 2, 4, 8, 16], sanitize="all")
     manager.capture()
     requests = [served.new_request(p) for p in _PROMPTS[:2]]
@@ -192,7 +192,7 @@ def test_the_manager_routes_are_shadowed(device) -> None:
     batch = served.build_batch(impl.ForwardMode.DECODE, requests, [[1], [1]])
     manager.execute(batch)
     assert manager._shadow is not None and manager._shadow.checked == 2
-    _skip_positions_fill(manager._full_runner().registry)
+    _skip_positions_fill(manager.full_runner().registry)
     batch = served.build_batch(impl.ForwardMode.DECODE, requests, [[2], [2]])
     with pytest.raises(spec.ReplayDiverged):
         manager.execute(batch)
@@ -222,7 +222,8 @@ def test_no_false_alarm_on_correct_models(device, kind, requests) -> None:
                          make_runner(device, kind, max_running_requests=4))
     graphs, eager = _RUNNERS[key]
     prompts, limits = [p for p, _ in requests], [m for _, m in requests]
-    got, want = graphs.generate(prompts, limits), eager.generate(prompts, limits)
+    got = impl.Scheduler(graphs).generate(prompts, limits)
+    want = impl.Scheduler(eager).generate(prompts, limits)
     assert got.tokens == want.tokens
     for a, e in zip(got.logits, want.logits, strict=True):
         expect_close(a, e, kind)

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 
+import impl
 import spec
 from conformance.mutants import mutant_api
 from conformance.scenarios import (
@@ -466,12 +467,12 @@ def test_runners_order_every_stream_they_use(device: Any, runner_api: Any, kind:
     # model construction, warmups on the capture stream, captures, replays and the eager head.
     prompts = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15], [3]]
     limits = [4, 3, 5, 2]
-    expected = make_runner(device, kind).generate(prompts, limits)
+    expected = impl.Scheduler(make_runner(device, kind)).generate(prompts, limits)
     with device.stream(device.default_stream()):
         runner = make_runner(device, kind,
                              decode=optional_runner(runner_api, "CudaGraphRunner"),
                              prefill=optional_runner(runner_api, "BreakableCudaGraphRunner"))
-        actual = runner.generate(prompts, limits)
+        actual = impl.Scheduler(runner).generate(prompts, limits)
     assert runner.stats.graph_replays > 0, "no graph replayed"
     assert actual.tokens == expected.tokens, f"{kind}: {actual.tokens}, eager {expected.tokens}"
     for i, (a, e) in enumerate(zip(actual.logits, expected.logits, strict=True)):
