@@ -51,22 +51,26 @@ class StepHooks:
         hooks[handle.id] = hook
         return handle
 
-    def call(self, step: str, owner: Any, default: Callable[..., Any], *args: Any) -> Any:
-        """Run ``step`` of ``owner`` (``default(*args)``) inside the hooks registered for it; a
-        step that is not one of the named steps runs as it is."""
+    def resolve(self, step: str, owner: Any, default: Callable[..., Any]) -> Callable[..., Any]:
+        """``step`` of ``owner`` as its hooks wrap ``default``: ``default`` itself when no hook
+        is registered for it (or it is not one of the named steps)."""
         hooks = self._hooks.get(step)
         if not hooks:
-            return default(*args)
+            return default
         proceed = default
         for hook in hooks.values():
             proceed = functools.partial(hook, owner, proceed)
-        return proceed(*args)
+        return proceed
 
-    def bound(self, owner: Any) -> Callable[..., Any]:
-        """``hooked(step, default, *args)``: :meth:`call` with ``owner`` (what an object hands
-        to the parts whose steps it owns the hooks of)."""
+    def call(self, step: str, owner: Any, default: Callable[..., Any], *args: Any) -> Any:
+        """Run ``step`` of ``owner`` (``default(*args)``) inside the hooks registered for it."""
+        return self.resolve(step, owner, default)(*args)
 
-        def hooked(step: str, default: Callable[..., Any], *args: Any) -> Any:
-            return self.call(step, owner, default, *args)
+    def bound(self, owner: Any) -> Callable[[str, Callable[..., Any]], Callable[..., Any]]:
+        """``hooked(step, default)``: :meth:`resolve` with ``owner`` (what an object hands to
+        the parts whose steps it owns the hooks of; they call what it returns)."""
+
+        def hooked(step: str, default: Callable[..., Any]) -> Callable[..., Any]:
+            return self.resolve(step, owner, default)
 
         return hooked

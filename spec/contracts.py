@@ -247,8 +247,8 @@ class GraphRecipe(Protocol):
     ``None`` where ``can_run`` is false), then ``replay(registry, entry, batch, hooked)``, which
     trusts the key: fills the registry from ``batch``, prepares the metadata (step
     ``prepare_replay``), replays ``entry.graph`` and returns the real requests' logits (step
-    ``outputs``). ``hooked(step, default, *args)`` runs ``default(*args)`` inside the runner's
-    hooks of ``step``.
+    ``outputs``). ``hooked(step, default)`` is ``default`` as the runner's hooks of ``step`` wrap
+    it (``default`` itself where none does): call what it returns.
     """
 
     kind: str

@@ -91,9 +91,9 @@ class FixedPrefillRecipe:
     def replay(self, registry: Any, entry: Any, batch: Any, hooked: Any) -> torch.Tensor:
         self.fill(registry, batch)
         with impl.set_forward_context(entry.batch):
-            hooked("prepare_replay", self.prepare_metadata, entry.batch)
+            hooked("prepare_replay", self.prepare_metadata)(entry.batch)
             entry.graph.replay()
-        return hooked("outputs", self.outputs, entry.output, batch)
+        return hooked("outputs", self.outputs)(entry.output, batch)
 
 
 def _runner(device: Any, **kwargs: Any) -> impl.ModelRunner:

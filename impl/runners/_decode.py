@@ -75,7 +75,7 @@ class DecodeRecipe:
 
     def capture_context(self, registry: CudaGraphBufferRegistry,
                         hooked: Callable[..., Any]) -> contextlib.AbstractContextManager[None]:
-        return hooked("static_swa_loc", functools.partial(self.static_swa_loc, registry))
+        return hooked("static_swa_loc", functools.partial(self.static_swa_loc, registry))()
 
     @contextlib.contextmanager
     def static_swa_loc(self, registry: CudaGraphBufferRegistry) -> Iterator[None]:
@@ -156,7 +156,7 @@ class DecodeRecipe:
         """The host half on the entry's registry views, then its replay, on the current
         stream."""
         with set_forward_context(entry.batch):
-            hooked("prepare_replay", self.prepare_metadata, entry.batch)
+            hooked("prepare_replay", self.prepare_metadata)(entry.batch)
             entry.graph.replay()
 
     def outputs(self, output: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
@@ -167,4 +167,4 @@ class DecodeRecipe:
                hooked: Callable[..., Any]) -> torch.Tensor:
         self.fill(registry, entry.key, batch)
         self.launch(entry, hooked)
-        return hooked("outputs", self.outputs, entry.output, batch)
+        return hooked("outputs", self.outputs)(entry.output, batch)

@@ -98,7 +98,7 @@ class GraphLadder:
         self._hooked = self._hooks.bound(self)
         self.entries: dict[int, GraphEntry] = {}
         self._counter = StatsCounter()
-        self.registry: Any = self._hooked("build_registry", recipe.build_registry)
+        self.registry: Any = self._hooked("build_registry", recipe.build_registry)()
         if self.communicator is not None:
             check_same(self.communicator,
                        f"the {recipe.kind} capture ladder, warm-ups and sanitizer",
@@ -160,10 +160,10 @@ class GraphLadder:
         recipe, hooked = self.recipe, self._hooked
         batch = self.placeholder(key)
         with set_forward_context(batch):
-            hooked("prepare_capture", recipe.prepare_metadata, batch)
+            hooked("prepare_capture", recipe.prepare_metadata)(batch)
             forward = getattr(recipe, recipe.forward_step)
             for _ in range(self.num_warmups):
-                hooked(recipe.forward_step, forward, batch)
+                hooked(recipe.forward_step, forward)(batch)
             entry = self._record(key, batch, self.pool)
         # The placeholder's own tensors stay with the graph: a capture that strays outside what
         # the recipe records reads stale placeholder values, never freed memory.
@@ -186,8 +186,8 @@ class GraphLadder:
             graph = device.CUDAGraph(keep_graph=True) if keep else device.CUDAGraph()
             capturing = device.graph(graph, pool=pool, stream=self.stream)
         with capturing:
-            output = self._hooked(recipe.forward_step, getattr(recipe, recipe.forward_step),
-                                  batch)
+            forward = self._hooked(recipe.forward_step, getattr(recipe, recipe.forward_step))
+            output = forward(batch)
             tokens = output.argmax(-1) if recipe.records_tokens else None
         return GraphEntry(graph, key, batch, output, tokens)
 
@@ -199,7 +199,7 @@ class GraphLadder:
                         lambda batch: self._probe_capture(key, batch))
 
     def _probe_capture(self, key: int, batch: Any) -> Any:
-        self._hooked("prepare_capture", self.recipe.prepare_metadata, batch)
+        self._hooked("prepare_capture", self.recipe.prepare_metadata)(batch)
         return self._record(key, batch, self.device.graph_pool_handle()).graph
 
     # -- decision and replay -------------------------------------------------------------------

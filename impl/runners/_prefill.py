@@ -177,6 +177,6 @@ class PrefillRecipe:
             batch, raw_bs=bs, padded_bs=bs, raw_num_tokens=tokens, padded_num_tokens=entry.key
         )
         with set_forward_context(batch):
-            hooked("prepare_replay", self.prepare_metadata, batch)
+            hooked("prepare_replay", self.prepare_metadata)(batch)
             entry.graph.replay()
-            return hooked("outputs", self.outputs, entry.output, batch)
+            return hooked("outputs", self.outputs)(entry.output, batch)

@@ -44,8 +44,9 @@ class Request:
 def generation_schedule(
     max_running: int, limits: Sequence[int]
 ) -> Iterator[tuple[ForwardMode, list[int], list[int]]]:
-    """The steps of :meth:`Scheduler.generate <impl.Scheduler.generate>`, decided on the host alone: per step its mode,
-    the prompt indices it serves, and those of them that finish with it (their last token).
+    """The steps of :meth:`Scheduler.generate <impl.Scheduler.generate>`, decided on the host
+    alone: per step its mode, the prompt indices it serves, and those of them that finish with
+    it (their last token).
 
     Waiting prompts join, in order, as one extend step whenever fewer than ``max_running``
     run; otherwise every running prompt decodes one token. The schedule depends on the limits

@@ -1,6 +1,7 @@
 """The runner clauses on *your* model (``python -m conformance --model MODULE:FACTORY``): decode
 graphs and breakable prefill against eager over the same weights, requests joining and leaving,
-prefill of many requests, and served and declined decode steps. Without ``--model``, on the reference dense model.
+prefill of many requests, and served and declined decode steps. Without ``--model``, on the
+reference dense model.
 
 The model is ``model_under_test`` (see ``conformance._user_model``): eager and graph runners
 share it, each with its own KV cache and attention backend.
