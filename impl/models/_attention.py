@@ -189,13 +189,17 @@ class TorchAttentionBackend:
             ``num_kv_heads``).
         sliding_window: window of SWA layers (a query at position ``p`` attends ``(p - w, p]``).
         max_bs: most requests in one step; ``max_num_tokens``: most tokens in one step.
+        max_verify_tokens: most tokens of one fixed-width step (speculative decoding's
+            ``max_bs * W``; 0 without speculation): the rows of the decode-like metadata.
         compressor: whether the in-graph half also builds ``compress_weight`` (the DeepSeek-V4
             pattern's pre-attention op reads it).
         extend_attention: how extend steps attend (see :data:`ExtendAttention`); an attribute,
             so a test can switch an existing backend.
 
     Decode attention has static shapes (every request attends ``max_context_len`` keys,
-    masked), so it is recorded inside a full graph; extend attention has shapes that change
+    masked), so it is recorded inside a full graph; so has the attention of the fixed-width
+    speculative steps (``TARGET_VERIFY``, ``DRAFT_EXTEND``), where each token is one such row,
+    attending its request's keys up to its own position; extend attention has shapes that change
     every step, so it runs eagerly (a break of a breakable graph): by default one varlen
     FlashAttention call per layer where it applies (its launches do not grow with the number of
     requests), else a loop over requests in fp32.
@@ -212,6 +216,7 @@ class TorchAttentionBackend:
         max_bs: int,
         max_num_tokens: int,
         compressor: bool = False,
+        max_verify_tokens: int = 0,
         extend_attention: ExtendAttention = "auto",
         scale: float | None = None,
         logit_softcap: float | None = None,
@@ -238,8 +243,9 @@ class TorchAttentionBackend:
         self.has_swa = any(kv_cache.is_swa_layer(i) for i in range(len(kv_cache.layer_types)))
         # Written by the in-graph half, read by attention: allocated once, never re-bound.
         self._arange = torch.arange(ctx, device=device)
-        self._kv_indices = torch.zeros(max_bs, ctx, dtype=torch.int64, device=device)
-        self._kv_valid = torch.zeros(max_bs, ctx, dtype=torch.bool, device=device)
+        rows = max(max_bs, max_verify_tokens)
+        self._kv_indices = torch.zeros(rows, ctx, dtype=torch.int64, device=device)
+        self._kv_valid = torch.zeros(rows, ctx, dtype=torch.bool, device=device)
         self._swa_kv_indices = torch.zeros_like(self._kv_indices) if self.has_swa else None
         self._swa_valid = torch.zeros_like(self._kv_valid) if self.has_swa else None
         self._compress_weight = (
@@ -257,7 +263,7 @@ class TorchAttentionBackend:
         """Host preparation: a new *raw* :attr:`forward_metadata` from the batch's host values.
         Reads no device data; never called inside a graph."""
         mode = batch.forward_mode
-        if not mode.is_extend():
+        if not mode.is_extend() or mode.is_fixed_width():
             self.forward_metadata = AttentionMetadata(mode, batch.batch_size, batch.num_tokens)
             return
         meta = AttentionMetadata(
@@ -293,16 +299,22 @@ class TorchAttentionBackend:
         (rows ``[:bs]`` and ``[:T]``)."""
         meta = self._require_metadata()
         bs, tokens = batch.batch_size, batch.num_tokens
+        rows, lengths = batch.req_pool_indices, batch.seq_lens
+        if batch.forward_mode.is_fixed_width():
+            # One decode-like row per token: its request's keys up to its own position.
+            width = tokens // bs
+            rows = rows.unsqueeze(1).expand(bs, width).reshape(-1)
+            lengths, bs = batch.positions + 1, tokens
         kv_indices, kv_valid = self._kv_indices[:bs], self._kv_valid[:bs]
         # out= forms: one launch each (one graph node in the decode graph), no temporary
-        torch.index_select(self.kv_cache.req_to_token, 0, batch.req_pool_indices, out=kv_indices)
-        torch.lt(self._arange.unsqueeze(0), batch.seq_lens.unsqueeze(1), out=kv_valid)
+        torch.index_select(self.kv_cache.req_to_token, 0, rows, out=kv_indices)
+        torch.lt(self._arange.unsqueeze(0), lengths.unsqueeze(1), out=kv_valid)
         fields: dict[str, Any] = {"kv_indices": kv_indices, "kv_valid": kv_valid}
         if self.has_swa:
             swa_indices, swa_valid = self._swa_kv_indices[:bs], self._swa_valid[:bs]
             mapping = self.kv_cache.full_to_swa_index_mapping  # type: ignore[attr-defined]
             torch.index_select(mapping, 0, kv_indices.reshape(-1), out=swa_indices.view(-1))
-            first = (batch.seq_lens - self.sliding_window).unsqueeze(1)
+            first = (lengths - self.sliding_window).unsqueeze(1)
             torch.logical_and(kv_valid, self._arange.unsqueeze(0) >= first, out=swa_valid)
             fields["swa_kv_indices"], fields["swa_valid"] = swa_indices, swa_valid
         if self.compressor:
@@ -348,7 +360,8 @@ class TorchAttentionBackend:
                 scale=scale, logit_softcap=logit_softcap,
             )
             return out
-        if batch.forward_mode.is_extend() and is_recording_segment():
+        mode = batch.forward_mode
+        if mode.is_extend() and not mode.is_fixed_width() and is_recording_segment():
             raise AttentionInSegment("extend attention", layer_id)
         scale = self.scale if scale is None else _positive("scale", scale)
         cap = self.logit_softcap if logit_softcap is None else _positive(
@@ -356,7 +369,7 @@ class TorchAttentionBackend:
         )
         if save_kv_cache:
             self.kv_cache.set_kv_buffer(layer_id, batch.out_cache_loc, k, v)
-        if batch.forward_mode.is_decode():
+        if batch.forward_mode.is_decode() or batch.forward_mode.is_fixed_width():
             return self._decode(q, layer_id, scale, cap)
         return self._extend(q, k, v, layer_id, scale, cap)
 

@@ -41,8 +41,15 @@ class ForwardMode(enum.Enum):
       a cached prefix).
     - ``MIXED``: extend and decode requests in one batch (served as an extend).
     - ``IDLE``: no tokens on this rank (data-parallel padding).
-    - ``TARGET_VERIFY``: speculative decoding's verification of draft tokens (an extend that the
-      prefill graph runner does not serve).
+    - ``TARGET_VERIFY``: speculative decoding's verification of draft tokens: ``W`` tokens per
+      request (the last committed token and ``W - 1`` drafts) on top of its cached prefix.
+    - ``DRAFT_EXTEND``: the draft's step after a verification: ``W`` tokens per request (the
+      target's token at each verified position), whatever number of them was accepted.
+
+    The two speculative modes are *fixed-width* (:meth:`is_fixed_width`): every request has the
+    same ``W`` new tokens, and each token attends its request's cache up to its own position,
+    from device data only (as decode does), so one full graph per padded batch size serves
+    every step at any prefix and accept length. The prefill graph runner serves neither.
     """
 
     DECODE = "decode"
@@ -50,19 +57,28 @@ class ForwardMode(enum.Enum):
     MIXED = "mixed"
     IDLE = "idle"
     TARGET_VERIFY = "target_verify"
+    DRAFT_EXTEND = "draft_extend"
 
     def is_decode(self) -> bool:
         return self is ForwardMode.DECODE
 
     def is_extend(self) -> bool:
-        """Extend, mixed and target-verify steps: several tokens per request."""
-        return self in (ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY)
+        """Extend, mixed and the speculative steps: several tokens per request."""
+        return self in (ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY,
+                        ForwardMode.DRAFT_EXTEND)
 
     def is_idle(self) -> bool:
         return self is ForwardMode.IDLE
 
     def is_target_verify(self) -> bool:
         return self is ForwardMode.TARGET_VERIFY
+
+    def is_draft_extend(self) -> bool:
+        return self is ForwardMode.DRAFT_EXTEND
+
+    def is_fixed_width(self) -> bool:
+        """The speculative modes: ``W`` tokens per request, attending like decode."""
+        return self in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
 
 
 @dataclass

@@ -24,15 +24,18 @@ layers, :class:`~impl.HybridSWAKVCache`'s ``swa_size`` and ``sliding_window``)."
 
 
 def default_attention_backend(
-    kv_cache: KVCache, config: RunnerConfig, *, max_bs: int, max_num_tokens: int
+    kv_cache: KVCache, config: RunnerConfig, *, max_bs: int, max_num_tokens: int,
+    max_verify_tokens: int = 0,
 ) -> TorchAttentionBackend:
     """The reference backend for ``config``: its heads, window, scale, logit softcap and, for
-    two-half metadata, the compressor weights."""
+    two-half metadata, the compressor weights (``max_verify_tokens``: the largest speculative
+    step's tokens)."""
     return TorchAttentionBackend(
         kv_cache, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
         head_dim=config.head_dim, sliding_window=config.sliding_window, max_bs=max_bs,
         max_num_tokens=max_num_tokens, compressor=config.two_half_metadata,
         scale=config.attention_scale, logit_softcap=config.attention_logit_softcap,
+        max_verify_tokens=max_verify_tokens,
     )
 
 

@@ -26,6 +26,7 @@ from ._cache import (
 from ._common import RunnerStats, check_communicator
 from ._runners import BreakableCudaGraphRunner, CudaGraphRunner
 from ._schedule import Request
+from ._speculative import Speculator
 from ._target import GraphTarget
 
 __all__ = ["ModelRunner", "ModelRunnerStats"]
@@ -78,6 +79,11 @@ class ModelRunner:
             model runner with the same arguments and steps through the same requests; the
             graph runners then capture, warm up and decide in lockstep (``TP-2`` .. ``TP-6``).
             :meth:`close` releases the graphs before the process group is destroyed.
+        draft, num_speculative_tokens: speculative decoding (:class:`~impl.Speculator`): the
+            draft model (EAGLE-style, or any runner model), served by a model runner of its own
+            with these limits (``draft_runner``), proposing ``num_speculative_tokens`` tokens
+            per round. ``num_speculative_tokens`` alone sizes this runner's attention for
+            speculative steps (what a draft's model runner is built with).
 
     :meth:`forward` decides once per step which runner serves a batch (its ``decide``) and runs
     a declined batch eagerly itself. With every graph off (``decode_cuda_graph=False,
@@ -105,6 +111,8 @@ class ModelRunner:
         prefill_runner: Callable[[GraphTarget, Sequence[int] | None], Any] | None = None,
         sanitize: SanitizeLevel = "off",
         communicator: Any = None,
+        draft: Any = None,
+        num_speculative_tokens: int | None = None,
     ) -> None:
         for name, value in (("max_running_requests", max_running_requests),
                             ("max_total_tokens", max_total_tokens)):
@@ -140,9 +148,11 @@ class ModelRunner:
             max_context_len=self.max_context_len, device=device.device,
             swa_full_tokens_ratio=swa_full_tokens_ratio,
         )
+        width = (num_speculative_tokens or 0) + 1
         make_backend = attention_backend or functools.partial(
             default_attention_backend, max_bs=max_running_requests,
             max_num_tokens=max_total_tokens,
+            max_verify_tokens=max_running_requests * width if width > 1 else 0,
         )
         self.attn_backend = make_backend(self.kv_cache, config)
         # One pool and one capture stream for every graph of this runner: captures that share
@@ -160,6 +170,15 @@ class ModelRunner:
         )
         self.decode_runner: Any = None
         self.prefill_runner: Any = None
+        self.speculator: Speculator | None = None
+        if draft is not None:
+            self.draft_runner = ModelRunner(
+                draft, device=device, max_running_requests=max_running_requests,
+                max_total_tokens=max_total_tokens, max_context_len=self.max_context_len,
+                decode_cuda_graph=False, sanitize=sanitize, communicator=communicator,
+                num_speculative_tokens=num_speculative_tokens,
+            )
+            self.speculator = Speculator(self, self.draft_runner, num_speculative_tokens or 0)
         try:
             if prefill == "breakable":
                 make = prefill_runner or (

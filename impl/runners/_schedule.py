@@ -18,10 +18,13 @@ __all__ = ["GenerateOutput", "Request", "generation_schedule"]
 @dataclass
 class GenerateOutput:
     """Per request, in prompt order: the generated ids and their logits (``[steps, vocab]``,
-    float32; ``None`` when generated with ``return_logits=False``)."""
+    float32; ``None`` when generated with ``return_logits=False``); with speculative decoding,
+    ``accepted``: per request, the number of draft tokens accepted in each of its rounds
+    (``None`` without speculation)."""
 
     tokens: list[list[int]]
     logits: list[torch.Tensor] | None
+    accepted: list[list[int]] | None = None
 
 
 @dataclass(eq=False)

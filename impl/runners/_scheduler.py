@@ -4,6 +4,7 @@ the schedule through the model runner's public step API, and gives every request
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
@@ -75,11 +76,17 @@ class Scheduler:
         model_runner: the model runner whose cache, requests and steps it uses.
         overlap: the :class:`~impl.OverlapStepper` overlapped generations run on (default: one
             made on the first, then kept: its streams and future-token map).
+        speculator: a :class:`~impl.Speculator` of this model runner and a draft: every
+            generation then decodes speculatively (default: the model runner's own, from
+            ``ModelRunner(..., draft=, num_speculative_tokens=)``, if any).
     """
 
-    def __init__(self, model_runner: Any, *, overlap: OverlapStepper | None = None) -> None:
+    def __init__(self, model_runner: Any, *, overlap: OverlapStepper | None = None,
+                 speculator: Any = None) -> None:
         self.model_runner = model_runner
         self._overlap = overlap
+        self.speculator = (speculator if speculator is not None
+                           else getattr(model_runner, "speculator", None))
 
     def overlap_stepper(self) -> OverlapStepper:
         """The stepper of overlapped generations (made on first use)."""
@@ -115,6 +122,12 @@ class Scheduler:
         """
         runner = self.model_runner
         limits = self._check(prompts, max_new_tokens)
+        if self.speculator is not None:
+            if overlap:
+                raise NotImplementedError(
+                    "overlapped speculative decoding: the accept lengths decide the next step on "
+                    "the host; generate with overlap=False")
+            return self._speculate(prompts, limits, return_logits)
         steps: _Steps = (self.overlap_stepper() if overlap and runner.sanitize == "off"
                          else _PlainSteps(runner))
         finishing: list[int] = []
@@ -135,6 +148,47 @@ class Scheduler:
                     runner.release(live.pop(i))
         return steps.output()
 
+    def _speculate(self, prompts: list[list[int]], limits: list[int],
+                   return_logits: bool) -> GenerateOutput:
+        """Speculative generation: waiting prompts join (one prefill of the target and the
+        draft) whenever fewer than ``max_running_requests`` run, otherwise every running
+        request makes one speculative round; what a round commits past a request's limit is
+        dropped, and the request finishes."""
+        runner, spec = self.model_runner, self.speculator
+        n = len(prompts)
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logits: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        accepted: list[list[int]] = [[] for _ in range(n)]
+        waiting, running = deque(range(n)), []
+        with runner.holding() as live, spec.holding():
+            while waiting or running:
+                room = runner.max_running_requests - len(running)
+                prefill = bool(waiting and room > 0)
+                if prefill:
+                    step = [waiting.popleft() for _ in range(min(room, len(waiting)))]
+                    for i in step:
+                        live[i] = runner.new_request(prompts[i])
+                    made = spec.prefill([live[i] for i in step])
+                    running.extend(step)
+                else:
+                    step = list(running)
+                    made = spec.round([live[i] for i in step])
+                for j, i in enumerate(step):
+                    new = made.tokens[j][: limits[i] - len(tokens[i])]
+                    live[i].output_ids.extend(new)
+                    tokens[i].extend(new)
+                    if return_logits:
+                        logits[i].append(made.logits[j][: len(new)])
+                    if not prefill:
+                        accepted[i].append(made.accepted[j])
+                for i in [i for i in step if len(tokens[i]) >= limits[i]]:
+                    running.remove(i)
+                    request = live.pop(i)
+                    spec.release(request)
+                    runner.release(request)
+        return GenerateOutput(tokens, [torch.cat(rows) for rows in logits] if return_logits
+                              else None, accepted)
+
     def _check(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | list[int],
                ) -> list[int]:
         """The per-prompt limits; :class:`ValueError` for a bad limit or prompt, before any
@@ -145,9 +199,12 @@ class Scheduler:
             raise ValueError(f"max_new_tokens has {len(limits)} entries for {n} prompts")
         if any(isinstance(m, bool) or not isinstance(m, int) or m <= 0 for m in limits):
             raise ValueError(f"max_new_tokens must be positive ints, got {max_new_tokens!r}")
+        # A speculative round writes K positions past the last committed token.
+        ahead = self.speculator.num_speculative_tokens if self.speculator is not None else 0
         for i, (p, m) in enumerate(zip(prompts, limits, strict=True)):
             runner.check_prompt(p)
-            if len(p) + m > runner.max_context_len:
-                raise ValueError(f"prompt {i}: {len(p)} tokens + {m} new exceed max_context_len "
-                                 f"{runner.max_context_len}")
+            if len(p) + m + ahead > runner.max_context_len:
+                extra = f" + {ahead} speculative" if ahead else ""
+                raise ValueError(f"prompt {i}: {len(p)} tokens + {m} new{extra} exceed "
+                                 f"max_context_len {runner.max_context_len}")
         return limits

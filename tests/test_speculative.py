@@ -1,0 +1,97 @@
+"""Reference speculative decoding (greedy, chain): the tokens are the target's own greedy tokens
+whatever the draft proposes, both caches get every slot back, a draft equal to the target is
+always accepted, and what cannot be speculated is refused by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import impl
+from conformance.scenarios import expect_close, make_model
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11], [12, 13, 14, 15]]
+LIMITS = [6, 9, 3, 7, 5]
+OPTIONS = dict(max_running_requests=3, max_total_tokens=256, max_context_len=40,
+               decode_cuda_graph=False)
+
+
+def _draft(device: Any, kind: str) -> Any:
+    return make_model(device, "draft") if kind == "eagle" else make_model(
+        device, "dense", num_layers=1)
+
+
+def _free(runner: impl.ModelRunner) -> tuple[int, int]:
+    return runner.kv_cache.available_tokens, runner.draft_runner.kv_cache.available_tokens
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid_swa"])
+@pytest.mark.parametrize("draft", ["eagle", "standalone"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_speculative_tokens_are_the_targets_greedy_tokens(device: Any, kind: str, draft: str,
+                                                          k: int) -> None:
+    target = make_model(device, kind)
+    spec = impl.ModelRunner(target, device=device, draft=_draft(device, draft),
+                            num_speculative_tokens=k, **OPTIONS)
+    free = _free(spec)
+    got = impl.Scheduler(spec).generate(PROMPTS, LIMITS)
+    want = impl.Scheduler(impl.ModelRunner(target, device=device, **OPTIONS)).generate(
+        PROMPTS, LIMITS)
+    assert got.tokens == want.tokens
+    for i, (a, e) in enumerate(zip(got.logits, want.logits, strict=True)):
+        expect_close(a, e, f"request {i}")
+    assert _free(spec) == free, "a slot of the target's or the draft's cache was kept"
+    assert got.accepted is not None and all(
+        0 <= a <= k for rounds in got.accepted for a in rounds), got.accepted
+
+
+def test_a_draft_equal_to_the_target_is_always_accepted(device: Any) -> None:
+    target = make_model(device, "dense")
+    for k in (1, 3):
+        spec = impl.ModelRunner(target, device=device, draft=target, num_speculative_tokens=k,
+                                **OPTIONS)
+        out = impl.Scheduler(spec).generate([[1, 2, 3], [4, 5, 6, 7, 8]], [9, 7])
+        # one token from the prefill, then k + 1 per round (the last round cut at the limit)
+        assert out.accepted == [[k] * (8 // (k + 1)), [k] * -(-6 // (k + 1))], out.accepted
+
+
+def test_what_cannot_be_speculated_is_refused_by_name(device: Any) -> None:
+    with pytest.raises(NotImplementedError, match="speculative decoding.*recurrent"):
+        impl.ModelRunner(make_model(device, "recurrent"), device=device,
+                         draft=_draft(device, "standalone"), num_speculative_tokens=2, **OPTIONS)
+    with pytest.raises(ValueError, match=r"vocabulary \(32\) differs from the target's \(64\)"):
+        impl.ModelRunner(make_model(device, "dense"), device=device, num_speculative_tokens=2,
+                         draft=make_model(device, "dense", vocab_size=32), **OPTIONS)
+    spec = impl.ModelRunner(make_model(device, "dense"), device=device,
+                            draft=_draft(device, "eagle"), num_speculative_tokens=2, **OPTIONS)
+    with pytest.raises(NotImplementedError, match="overlapped speculative decoding"):
+        impl.Scheduler(spec).generate(PROMPTS, LIMITS, overlap=True)
+    with pytest.raises(ValueError, match="2 speculative exceed max_context_len 40"):
+        impl.Scheduler(spec).generate([[1] * 30], 9)
+
+
+def test_a_failed_speculative_generation_gives_every_slot_back(device: Any) -> None:
+    target = make_model(device, "dense")
+    spec = impl.ModelRunner(target, device=device, draft=_draft(device, "eagle"),
+                            num_speculative_tokens=2, **OPTIONS)
+    free, calls = _free(spec), []
+    forward = target.model.forward
+
+    def failing(*args: Any) -> torch.Tensor:
+        calls.append(1)
+        if len(calls) == 6:
+            raise RuntimeError("the model failed")
+        return forward(*args)
+
+    target.model.forward = failing  # type: ignore[method-assign]
+    try:
+        with pytest.raises(RuntimeError, match="the model failed"):
+            impl.Scheduler(spec).generate(PROMPTS, LIMITS)
+    finally:
+        del target.model.forward
+    assert _free(spec) == free
+    want = impl.Scheduler(impl.ModelRunner(target, device=device, **OPTIONS)).generate(
+        PROMPTS, LIMITS)
+    assert impl.Scheduler(spec).generate(PROMPTS, LIMITS).tokens == want.tokens
