@@ -24,7 +24,7 @@ def _draft(device: Any, kind: str) -> Any:
 
 
 def _free(runner: impl.ModelRunner) -> tuple[int, int]:
-    return runner.kv_cache.available_tokens, runner.draft_runner.kv_cache.available_tokens
+    return runner.kv_cache.available_tokens, runner.speculator.draft.kv_cache.available_tokens
 
 
 @pytest.mark.parametrize("kind", ["dense", "hybrid_swa"])
@@ -58,7 +58,7 @@ def test_a_draft_equal_to_the_target_is_always_accepted(device: Any) -> None:
 
 
 def test_what_cannot_be_speculated_is_refused_by_name(device: Any) -> None:
-    with pytest.raises(NotImplementedError, match="speculative decoding.*recurrent"):
+    with pytest.raises(NotImplementedError, match=r"speculative decoding.*recurrent"):
         impl.ModelRunner(make_model(device, "recurrent"), device=device,
                          draft=_draft(device, "standalone"), num_speculative_tokens=2, **OPTIONS)
     with pytest.raises(ValueError, match=r"vocabulary \(32\) differs from the target's \(64\)"):
@@ -95,3 +95,27 @@ def test_a_failed_speculative_generation_gives_every_slot_back(device: Any) -> N
     want = impl.Scheduler(impl.ModelRunner(target, device=device, **OPTIONS)).generate(
         PROMPTS, LIMITS)
     assert impl.Scheduler(spec).generate(PROMPTS, LIMITS).tokens == want.tokens
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid_swa"])
+@pytest.mark.parametrize("draft", ["eagle", "standalone"])
+def test_speculative_graphs_replay_and_equal_eager(device: Any, kind: str, draft: str) -> None:
+    """Verify and draft-extend graphs (one per padded batch size, crossed by batches of 1 to 3
+    requests) give the eager speculative tokens and acceptance counts, and are replayed."""
+    target, drafted = make_model(device, kind), _draft(device, draft)
+    options = {**OPTIONS, "decode_cuda_graph": True, "capture_bs": [1, 2, 4],
+               "max_running_requests": 4}
+    graphs = impl.ModelRunner(target, device=device, draft=drafted, num_speculative_tokens=3,
+                              **options)
+    eager = impl.ModelRunner(target, device=device, draft=drafted, num_speculative_tokens=3,
+                             **{**options, "decode_cuda_graph": False})
+    free = _free(graphs)
+    got, want = (impl.Scheduler(r).generate(PROMPTS, LIMITS) for r in (graphs, eager))
+    assert got.tokens == want.tokens and got.accepted == want.accepted
+    for i, (a, e) in enumerate(zip(got.logits, want.logits, strict=True)):
+        expect_close(a, e, f"request {i}")
+    spec = graphs.speculator
+    assert spec is not None and spec.verify_runner and spec.draft_extend_runner
+    for ladder in (spec.verify_runner, spec.draft_extend_runner):
+        assert ladder.stats.replays > 0 and ladder.stats.eager_fallbacks == 0, ladder.stats
+    assert _free(graphs) == free

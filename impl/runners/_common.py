@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "RunnerStats", "StatsCounter", "check_communicator", "check_sizes", "pad_to_captured",
-    "release_graphs",
+    "RunnerStats", "StatsCounter", "add_note", "check_communicator", "check_sizes",
+    "pad_to_captured", "release_graphs",
 ]
 
 
@@ -89,3 +89,10 @@ def release_graphs(entries: dict[Any, Any]) -> None:
     for entry in entries.values():
         entry.graph.reset()
     entries.clear()
+
+
+def add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)`` where the interpreter has notes (3.11+)."""
+    add = getattr(error, "add_note", None)
+    if callable(add):
+        add(note)

@@ -23,7 +23,7 @@ from ._cache import (
     default_attention_backend,
     make_kv_cache,
 )
-from ._common import RunnerStats, check_communicator
+from ._common import RunnerStats, add_note, check_communicator
 from ._runners import BreakableCudaGraphRunner, CudaGraphRunner
 from ._schedule import Request
 from ._speculative import Speculator
@@ -79,11 +79,9 @@ class ModelRunner:
             model runner with the same arguments and steps through the same requests; the
             graph runners then capture, warm up and decide in lockstep (``TP-2`` .. ``TP-6``).
             :meth:`close` releases the graphs before the process group is destroyed.
-        draft, num_speculative_tokens: speculative decoding (:class:`~impl.Speculator`): the
-            draft model (EAGLE-style, or any runner model), served by a model runner of its own
-            with these limits (``draft_runner``), proposing ``num_speculative_tokens`` tokens
-            per round. ``num_speculative_tokens`` alone sizes this runner's attention for
-            speculative steps (what a draft's model runner is built with).
+        draft, num_speculative_tokens: speculative decoding (:class:`~impl.Speculator`, with
+            its verify and draft-extend graphs where ``decode_cuda_graph``); the second alone
+            sizes the attention for speculative steps.
 
     :meth:`forward` decides once per step which runner serves a batch (its ``decide``) and runs
     a declined batch eagerly itself. With every graph off (``decode_cuda_graph=False,
@@ -171,15 +169,10 @@ class ModelRunner:
         self.decode_runner: Any = None
         self.prefill_runner: Any = None
         self.speculator: Speculator | None = None
-        if draft is not None:
-            self.draft_runner = ModelRunner(
-                draft, device=device, max_running_requests=max_running_requests,
-                max_total_tokens=max_total_tokens, max_context_len=self.max_context_len,
-                decode_cuda_graph=False, sanitize=sanitize, communicator=communicator,
-                num_speculative_tokens=num_speculative_tokens,
-            )
-            self.speculator = Speculator(self, self.draft_runner, num_speculative_tokens or 0)
         try:
+            if draft is not None:
+                self.speculator = Speculator.for_draft_model(
+                    self, draft, num_speculative_tokens, graphs=decode_cuda_graph)
             if prefill == "breakable":
                 make = prefill_runner or (
                     lambda target, sizes: BreakableCudaGraphRunner(
@@ -224,7 +217,7 @@ class ModelRunner:
         """Release every graph of the graph runners (their ``close()``); later steps run
         eagerly. Call it before destroying the process group a tensor-parallel model's graphs
         captured collectives of (``TP-8``)."""
-        for name in ("decode_runner", "prefill_runner"):
+        for name in ("decode_runner", "prefill_runner", "speculator"):
             runner = getattr(self, name)
             close = getattr(runner, "close", None)
             if callable(close):
@@ -236,7 +229,8 @@ class ModelRunner:
     @property
     def stats(self) -> ModelRunnerStats:
         total = RunnerStats()
-        for runner in (self.decode_runner, self.prefill_runner):
+        spec = self.speculator.runners if self.speculator is not None else ()
+        for runner in (self.decode_runner, self.prefill_runner, *spec):
             if runner is not None:
                 total = total + runner.stats
         return ModelRunnerStats(total.captures, total.replays, self._target.eager_runs)
@@ -256,9 +250,8 @@ class ModelRunner:
         key = runner.decide(batch)
         if key is None:
             return self.forward_eager(batch)
-        if self._shadow is None:
-            return runner.run(key, batch)
-        return self._shadow.run(lambda: runner.run(key, batch), batch, key)
+        run = functools.partial(runner.run, key, batch)
+        return run() if self._shadow is None else self._shadow.run(run, batch, key)
 
     def forward_eager(self, batch: ForwardBatch) -> torch.Tensor:
         """Both metadata halves and the whole model, eagerly (counted by the target)."""
@@ -321,7 +314,7 @@ class ModelRunner:
             try:
                 self.abort(held.values())
             except BaseException as failure:  # never in place of what the caller must see
-                _add_note(error, f"releasing the generation's requests failed too: "
+                add_note(error, f"releasing the generation's requests failed too: "
                                  f"{type(failure).__name__}: {failure}")
             held.clear()
             raise
@@ -450,9 +443,3 @@ class ModelRunner:
                 self.kv_cache.free_tokens(taken)
             raise
 
-
-def _add_note(error: BaseException, note: str) -> None:
-    """``error.add_note(note)`` where the interpreter has notes (3.11+)."""
-    add = getattr(error, "add_note", None)
-    if callable(add):
-        add(note)

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 
 from ..models import ForwardBatch, ForwardMode, set_forward_context
+from ._fixed_width import FixedWidthRecipe, rows_view
+from ._ladder import GraphLadder
 from ._layer_stack import resolve_layer_stack
 from ._schedule import Request
 
@@ -26,13 +28,6 @@ class SpeculativeRound:
     tokens: list[list[int]]
     logits: list[torch.Tensor]
     accepted: list[int]
-
-
-def _rows_view(batch: ForwardBatch) -> ForwardBatch:
-    """``batch`` as a decode batch of one row per token: what the model's head reads to give
-    the logits of every token (``compute_logits`` on a decode batch reads rows ``[:bs]``)."""
-    return dataclasses.replace(batch, forward_mode=ForwardMode.DECODE,
-                               batch_size=batch.num_tokens)
 
 
 class Speculator:
@@ -67,7 +62,8 @@ class Speculator:
     rolled back per draft position): :class:`NotImplementedError`.
     """
 
-    def __init__(self, target: Any, draft: Any, num_speculative_tokens: int) -> None:
+    def __init__(self, target: Any, draft: Any, num_speculative_tokens: int, *,
+                 graphs: bool = False) -> None:
         k = num_speculative_tokens
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"num_speculative_tokens must be a positive int, got {k!r}")
@@ -96,6 +92,38 @@ class Speculator:
                                         dtype=draft.config.kv_dtype, device=where)
                             if self.eagle else None)
         self._drafts: dict[int, Request] = {}  # target request row -> its draft request
+        self.verify_runner: GraphLadder | None = None
+        self.draft_extend_runner: GraphLadder | None = None
+        if graphs:
+            self.verify_runner = GraphLadder(FixedWidthRecipe(
+                target.graph_target(), ForwardMode.TARGET_VERIFY, self.width))
+            self.draft_extend_runner = GraphLadder(FixedWidthRecipe(
+                draft.graph_target(), ForwardMode.DRAFT_EXTEND, self.width))
+
+    @classmethod
+    def for_draft_model(cls, target: Any, draft_model: Any, num_speculative_tokens: Any, *,
+                        graphs: bool) -> Speculator:
+        """A speculator of the model runner ``target`` with ``draft_model`` served by a model
+        runner like it (its limits, device, sanitizer level and communicator; eager), and, with
+        ``graphs``, the verify and draft-extend graphs."""
+        draft = type(target)(
+            draft_model, device=target.device, max_running_requests=target.max_running_requests,
+            max_total_tokens=target.max_total_tokens, max_context_len=target.max_context_len,
+            decode_cuda_graph=False, sanitize=target.sanitize,
+            communicator=target.communicator, num_speculative_tokens=num_speculative_tokens,
+        )
+        return cls(target, draft, num_speculative_tokens, graphs=graphs)
+
+    @property
+    def runners(self) -> tuple[GraphLadder, ...]:
+        """The speculative graph runners (verify, draft extend) made."""
+        return tuple(r for r in (self.verify_runner, self.draft_extend_runner) if r is not None)
+
+    def close(self) -> None:
+        """Release the speculative graphs (``TP-8``); later rounds run eagerly."""
+        for runner in self.runners:
+            runner.close()
+        self.verify_runner = self.draft_extend_runner = None
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -127,8 +155,18 @@ class Speculator:
         with set_forward_context(batch):
             runner.graph_target().init_metadata(batch)
             hidden = stack(batch.input_ids, batch.positions, batch.hidden_states)
-            logits = runner.model.compute_logits(hidden, _rows_view(batch))
+            logits = runner.model.compute_logits(hidden, rows_view(batch))
         return hidden, logits
+
+    def _run_fixed(self, ladder: GraphLadder | None, runner: Any, batch: ForwardBatch,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A fixed-width step: the ladder's graph where it serves the batch, else eagerly;
+        every row's hidden state, logits and argmax."""
+        key = ladder.decide(batch) if ladder is not None else None
+        if ladder is not None and key is not None:
+            return ladder.run(key, batch)
+        hidden, logits = self._stack(runner, batch)
+        return hidden, logits, logits.argmax(-1)
 
     def _fixed_width(self, runner: Any, mode: ForwardMode, requests: Sequence[Request],
                      ids: torch.Tensor) -> ForwardBatch:
@@ -203,8 +241,8 @@ class Speculator:
         proposal = torch.stack(proposed, dim=1)  # [bs, K]
         batch = self._fixed_width(target, ForwardMode.TARGET_VERIFY, requests,
                                   torch.cat((last, proposal), dim=1))
-        hidden, logits = self._stack(target, batch)
-        best = logits.argmax(-1).view(bs, width)
+        hidden, logits, best = self._run_fixed(self.verify_runner, target, batch)
+        best = best.view(bs, width)
         accepted = (proposal == best[:, :k]).int().cumprod(dim=1).sum(dim=1)
         counts = accepted.tolist()  # the one host read of the round: what was committed
         kept = [r.seq_len - width for r in requests]
@@ -213,7 +251,7 @@ class Speculator:
         dbatch = self._fixed_width(draft, ForwardMode.DRAFT_EXTEND, drafts, best)
         if self.eagle:
             dbatch.hidden_states = hidden
-        dhidden, dlogits = self._stack(draft, dbatch)
+        dhidden, dlogits, _ = self._run_fixed(self.draft_extend_runner, draft, dbatch)
         pick = torch.arange(bs, device=where) * width + accepted
         self._seed(requests, dhidden.index_select(0, pick), dlogits.index_select(0, pick))
         for d, n, a in zip(drafts, held, counts, strict=True):
