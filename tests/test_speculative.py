@@ -115,7 +115,28 @@ def test_speculative_graphs_replay_and_equal_eager(device: Any, kind: str, draft
     for i, (a, e) in enumerate(zip(got.logits, want.logits, strict=True)):
         expect_close(a, e, f"request {i}")
     spec = graphs.speculator
-    assert spec is not None and spec.verify_runner and spec.draft_extend_runner
-    for ladder in (spec.verify_runner, spec.draft_extend_runner):
+    assert spec is not None and len(spec.runners) == 3, "verify, draft decode, draft extend"
+    for ladder in spec.runners:
         assert ladder.stats.replays > 0 and ladder.stats.eager_fallbacks == 0, ladder.stats
     assert _free(graphs) == free
+
+
+def test_accept_lengths_are_data_in_the_graphs(device: Any) -> None:
+    """A draft equal to the target under half its layers' weights: rounds accept 0 to K drafts;
+    the graphs (verify, draft decode, draft extend) give eager's tokens and counts."""
+    target = make_model(device, "dense")
+    draft = make_model(device, "dense")
+    with torch.no_grad():
+        for layer in list(draft.model.layers)[::2]:
+            for p in layer.parameters():
+                p.mul_(0.7)
+    options = {**OPTIONS, "capture_bs": [1, 2, 4], "max_running_requests": 4,
+               "max_context_len": 64}
+    runs = [impl.ModelRunner(target, device=device, draft=draft, num_speculative_tokens=3,
+                             **{**options, "decode_cuda_graph": graphs})
+            for graphs in (True, False)]
+    prompts, limits = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11]], [20, 14, 9, 17]
+    got, want = (impl.Scheduler(r).generate(prompts, limits) for r in runs)
+    assert got.tokens == want.tokens and got.accepted == want.accepted
+    counts = {a for rounds in got.accepted or [] for a in rounds}
+    assert len(counts) > 1, f"every round accepted the same number of drafts: {counts}"

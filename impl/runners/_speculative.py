@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..models import ForwardBatch, ForwardMode, set_forward_context
+from ._draft_decode import DraftDecodeRecipe, draft_loop
 from ._fixed_width import FixedWidthRecipe, rows_view
 from ._ladder import GraphLadder
 from ._layer_stack import resolve_layer_stack
@@ -93,10 +94,14 @@ class Speculator:
                             if self.eagle else None)
         self._drafts: dict[int, Request] = {}  # target request row -> its draft request
         self.verify_runner: GraphLadder | None = None
+        self.draft_decode_runner: GraphLadder | None = None
         self.draft_extend_runner: GraphLadder | None = None
         if graphs:
             self.verify_runner = GraphLadder(FixedWidthRecipe(
                 target.graph_target(), ForwardMode.TARGET_VERIFY, self.width))
+            if k > 1:
+                self.draft_decode_runner = GraphLadder(DraftDecodeRecipe(
+                    draft.graph_target(), k - 1))
             self.draft_extend_runner = GraphLadder(FixedWidthRecipe(
                 draft.graph_target(), ForwardMode.DRAFT_EXTEND, self.width))
 
@@ -116,14 +121,15 @@ class Speculator:
 
     @property
     def runners(self) -> tuple[GraphLadder, ...]:
-        """The speculative graph runners (verify, draft extend) made."""
-        return tuple(r for r in (self.verify_runner, self.draft_extend_runner) if r is not None)
+        """The speculative graph runners made (verify, draft decode, draft extend)."""
+        made = (self.verify_runner, self.draft_decode_runner, self.draft_extend_runner)
+        return tuple(r for r in made if r is not None)
 
     def close(self) -> None:
         """Release the speculative graphs (``TP-8``); later rounds run eagerly."""
         for runner in self.runners:
             runner.close()
-        self.verify_runner = self.draft_extend_runner = None
+        self.verify_runner = self.draft_decode_runner = self.draft_extend_runner = None
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -167,6 +173,22 @@ class Speculator:
             return ladder.run(key, batch)
         hidden, logits = self._stack(runner, batch)
         return hidden, logits, logits.argmax(-1)
+
+    def _draft_decode_batch(self, drafts: Sequence[Request], rows: torch.Tensor,
+                            first: torch.Tensor) -> ForwardBatch:
+        """The draft's decode loop of a round: ``K - 1`` KV slots per request allocated (the
+        request-to-token table written for their positions), the first draft token at the
+        position after the draft's cache, and the conditioning hidden state."""
+        steps, draft = self.num_speculative_tokens - 1, self.draft
+        ext = draft.build_batch(ForwardMode.EXTEND, drafts, [[0] * steps for _ in drafts])
+        positions = ext.positions.view(len(drafts), steps)[:, 0]
+        cond = self.next_hidden.index_select(0, rows) if self.next_hidden is not None else None
+        return ForwardBatch(
+            forward_mode=ForwardMode.DECODE, batch_size=len(drafts), input_ids=first,
+            positions=positions, req_pool_indices=ext.req_pool_indices, seq_lens=positions + 1,
+            seq_lens_cpu=ext.seq_lens_cpu - (steps - 1), out_cache_loc=ext.out_cache_loc,
+            hidden_states=cond, attn_backend=ext.attn_backend, kv_cache=ext.kv_cache,
+        )
 
     def _fixed_width(self, runner: Any, mode: ForwardMode, requests: Sequence[Request],
                      ids: torch.Tensor) -> ForwardBatch:
@@ -222,23 +244,19 @@ class Speculator:
         bs, where = len(requests), self.next_token.device
         rows = torch.tensor([r.row for r in requests], dtype=torch.int64, device=where)
         held = [len(d.slots) for d in drafts]
-        proposed = [self.next_token.index_select(0, rows)]
-        cond = self.next_hidden.index_select(0, rows) if self.next_hidden is not None else None
-        source = torch.zeros(draft.kv_cache.req_to_token.shape[0], dtype=torch.int64,
-                             device=where)
-        draft_rows = torch.tensor([d.row for d in drafts], dtype=torch.int64, device=where)
-        for _ in range(k - 1):
-            source.index_copy_(0, draft_rows, proposed[-1])
-            batch = draft.build_batch(ForwardMode.DECODE, drafts, None, token_source=source)
-            batch.hidden_states = cond
-            dhidden, dlogits = self._stack(draft, batch)
-            proposed.append(dlogits.argmax(-1))
-            cond = dhidden if cond is not None else None
+        first = self.next_token.index_select(0, rows)
+        proposal = first[:, None]
+        if k > 1:
+            batch = self._draft_decode_batch(drafts, rows, first)
+            ladder = self.draft_decode_runner
+            key = ladder.decide(batch) if ladder is not None else None
+            later = (ladder.run(key, batch) if ladder is not None and key is not None
+                     else draft_loop(draft.graph_target(), batch, k - 1, in_graph=False))
+            proposal = torch.cat((proposal, later), dim=1)  # [bs, K]
         for d, n in zip(drafts, held, strict=True):
             self._keep(draft, d, n)  # the draft extend rewrites these positions
         last = torch.tensor([[r.output_ids[-1] if r.output_ids else r.prompt[-1]]
                              for r in requests], dtype=torch.int64, device=where)
-        proposal = torch.stack(proposed, dim=1)  # [bs, K]
         batch = self._fixed_width(target, ForwardMode.TARGET_VERIFY, requests,
                                   torch.cat((last, proposal), dim=1))
         hidden, logits, best = self._run_fixed(self.verify_runner, target, batch)
