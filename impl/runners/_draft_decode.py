@@ -25,16 +25,15 @@ DRAFT_DECODE_STEPS = ("build_registry", "prepare_capture", "prepare_replay", "re
 """The steps of a draft-decode ladder a hook may wrap."""
 
 
-def draft_loop(target: GraphTarget, batch: ForwardBatch, steps: int, *,
-               in_graph: bool) -> torch.Tensor:
+def draft_loop(model: Any, batch: ForwardBatch, steps: int, *, in_graph: bool) -> torch.Tensor:
     """The draft's ``steps`` greedy decode forwards from ``batch`` (one token per request: the
     first draft token, at its position and length; ``out_cache_loc`` ``[bs * steps]``, each
     request's slots in order; ``hidden_states`` the conditioning of an EAGLE-style draft):
     step ``j`` reads the previous step's token (and hidden state) at ``positions + j``, writes
-    the KV of slot ``j`` of each request; returns the tokens ``[bs, steps]``. ``in_graph``:
-    only the in-graph metadata half per step (the host half ran before: a decode step's host
-    half has no per-step value), else both."""
-    stack = resolve_layer_stack(target.model)
+    the KV of slot ``j`` of each request; returns the tokens ``[bs, steps]``. Metadata through
+    the batch's own backend: with ``in_graph`` only the in-graph half per step (the host half
+    ran before: a decode step's host half has no per-step value), else both."""
+    stack = resolve_layer_stack(model)
     assert stack is not None
     bs = batch.batch_size
     ids, cond = batch.input_ids, batch.hidden_states
@@ -47,12 +46,13 @@ def draft_loop(target: GraphTarget, batch: ForwardBatch, steps: int, *,
             hidden_states=cond,
         )
         with set_forward_context(step):
+            backend = step.attn_backend
             if in_graph:
-                target.init_metadata_in_graph(step)
+                backend.init_forward_metadata_in_graph(step)
             else:
-                target.init_metadata(step)
+                backend.init_forward_metadata(step)
             hidden = stack(step.input_ids, step.positions, step.hidden_states)
-            ids = target.model.compute_logits(hidden, step).argmax(-1)
+            ids = model.compute_logits(hidden, step).argmax(-1)
         cond = hidden if cond is not None else None
         out.append(ids)
     return torch.stack(out, dim=1)
@@ -151,7 +151,7 @@ class DraftDecodeRecipe:
         self.target.init_metadata_out_graph(batch)
 
     def record_forward(self, batch: ForwardBatch) -> torch.Tensor:
-        return draft_loop(self.target, batch, self.num_steps, in_graph=True)
+        return draft_loop(self.target.model, batch, self.num_steps, in_graph=True)
 
     def can_run(self, batch: ForwardBatch) -> bool:
         return (batch.forward_mode.is_decode() and 0 < batch.batch_size <= self.max_bs

@@ -18,7 +18,7 @@ from ._ladder import GraphEntry
 from ._layer_stack import resolve_layer_stack
 from ._target import GraphTarget
 
-__all__ = ["FIXED_WIDTH_STEPS", "FixedWidthRecipe"]
+__all__ = ["FIXED_WIDTH_STEPS", "FixedWidthRecipe", "fixed_width_forward", "rows_view"]
 
 FIXED_WIDTH_STEPS = ("prepare_capture", "prepare_replay", "record_forward", "outputs")
 """The steps of a fixed-width ladder a hook may wrap."""
@@ -29,6 +29,22 @@ def rows_view(batch: ForwardBatch) -> ForwardBatch:
     logits of every token (``compute_logits`` on a decode batch reads rows ``[:bs]``)."""
     return dataclasses.replace(batch, forward_mode=ForwardMode.DECODE,
                                batch_size=batch.num_tokens)
+
+
+def fixed_width_forward(model: Any, batch: ForwardBatch, *, in_graph: bool,
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A fixed-width step: the metadata through the batch's own backend (with ``in_graph`` the
+    in-graph half only: the host half ran before), the layer stack, the head of every row and
+    its argmax: hidden states ``[T, H]``, float logits ``[T, vocab]``, tokens ``[T]``."""
+    stack = resolve_layer_stack(model)
+    assert stack is not None
+    if in_graph:
+        batch.attn_backend.init_forward_metadata_in_graph(batch)
+    else:
+        batch.attn_backend.init_forward_metadata(batch)
+    hidden = stack(batch.input_ids, batch.positions, batch.hidden_states)
+    logits = model.compute_logits(hidden, rows_view(batch))
+    return hidden, logits, logits.argmax(-1)
 
 
 class FixedWidthRecipe:
@@ -124,11 +140,7 @@ class FixedWidthRecipe:
 
     def record_forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, ...]:
         """The in-graph half, the layer stack, every row's logits and their argmax."""
-        self.target.init_metadata_in_graph(batch)
-        assert self.stack is not None
-        hidden = self.stack(batch.input_ids, batch.positions, batch.hidden_states)
-        logits = self.target.model.compute_logits(hidden, rows_view(batch))
-        return hidden, logits, logits.argmax(-1)
+        return fixed_width_forward(self.target.model, batch, in_graph=True)
 
     def can_run(self, batch: ForwardBatch) -> bool:
         return (batch.forward_mode is self.mode and 0 < batch.batch_size <= self.max_bs

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 from ..models import ForwardBatch, ForwardMode, set_forward_context
+from ..sanitizer import ReplayShadow
 from ._draft_decode import DraftDecodeRecipe, draft_loop
-from ._fixed_width import FixedWidthRecipe, rows_view
+from ._fixed_width import FixedWidthRecipe, fixed_width_forward
 from ._ladder import GraphLadder
 from ._layer_stack import resolve_layer_stack
 from ._schedule import Request
@@ -93,6 +95,7 @@ class Speculator:
                                         dtype=draft.config.kv_dtype, device=where)
                             if self.eagle else None)
         self._drafts: dict[int, Request] = {}  # target request row -> its draft request
+        self._shadows: dict[int, ReplayShadow] = {}  # id(ladder) -> its replay shadow
         self.verify_runner: GraphLadder | None = None
         self.draft_decode_runner: GraphLadder | None = None
         self.draft_extend_runner: GraphLadder | None = None
@@ -156,23 +159,24 @@ class Speculator:
     def _stack(self, runner: Any, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Eagerly: both metadata halves, the layer stack, and the head of every row: hidden
         ``[T, H]`` and float logits ``[T, vocab]``."""
-        stack = resolve_layer_stack(runner.model)
-        assert stack is not None
         with set_forward_context(batch):
-            runner.graph_target().init_metadata(batch)
-            hidden = stack(batch.input_ids, batch.positions, batch.hidden_states)
-            logits = runner.model.compute_logits(hidden, rows_view(batch))
+            hidden, logits, _ = fixed_width_forward(runner.model, batch, in_graph=False)
         return hidden, logits
 
-    def _run_fixed(self, ladder: GraphLadder | None, runner: Any, batch: ForwardBatch,
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A fixed-width step: the ladder's graph where it serves the batch, else eagerly;
-        every row's hidden state, logits and argmax."""
+    def _run(self, ladder: GraphLadder | None, batch: ForwardBatch,
+             eager: Callable[[ForwardBatch], Any]) -> Any:
+        """One step of a speculative graph kind: its ladder's graph where it serves the batch
+        (under a replay shadow at the sanitizer's ``"replays"`` / ``"all"``, ``SAN-2``), else
+        ``eager(batch)``."""
         key = ladder.decide(batch) if ladder is not None else None
-        if ladder is not None and key is not None:
-            return ladder.run(key, batch)
-        hidden, logits = self._stack(runner, batch)
-        return hidden, logits, logits.argmax(-1)
+        if ladder is None or key is None:
+            with set_forward_context(batch):
+                return eager(batch)
+        run = functools.partial(ladder.run, key, batch)
+        if ladder.sanitize not in ("replays", "all"):
+            return run()
+        shadow = self._shadows.setdefault(id(ladder), ReplayShadow(ladder.target))
+        return shadow.run(run, batch, key, eager=eager)
 
     def _draft_decode_batch(self, drafts: Sequence[Request], rows: torch.Tensor,
                             first: torch.Tensor) -> ForwardBatch:
@@ -248,10 +252,8 @@ class Speculator:
         proposal = first[:, None]
         if k > 1:
             batch = self._draft_decode_batch(drafts, rows, first)
-            ladder = self.draft_decode_runner
-            key = ladder.decide(batch) if ladder is not None else None
-            later = (ladder.run(key, batch) if ladder is not None and key is not None
-                     else draft_loop(draft.graph_target(), batch, k - 1, in_graph=False))
+            later = self._run(self.draft_decode_runner, batch, functools.partial(
+                draft_loop, draft.model, steps=k - 1, in_graph=False))
             proposal = torch.cat((proposal, later), dim=1)  # [bs, K]
         for d, n in zip(drafts, held, strict=True):
             self._keep(draft, d, n)  # the draft extend rewrites these positions
@@ -259,7 +261,8 @@ class Speculator:
                              for r in requests], dtype=torch.int64, device=where)
         batch = self._fixed_width(target, ForwardMode.TARGET_VERIFY, requests,
                                   torch.cat((last, proposal), dim=1))
-        hidden, logits, best = self._run_fixed(self.verify_runner, target, batch)
+        verify = functools.partial(fixed_width_forward, target.model, in_graph=False)
+        hidden, logits, best = self._run(self.verify_runner, batch, verify)
         best = best.view(bs, width)
         accepted = (proposal == best[:, :k]).int().cumprod(dim=1).sum(dim=1)
         counts = accepted.tolist()  # the one host read of the round: what was committed
@@ -269,7 +272,8 @@ class Speculator:
         dbatch = self._fixed_width(draft, ForwardMode.DRAFT_EXTEND, drafts, best)
         if self.eagle:
             dbatch.hidden_states = hidden
-        dhidden, dlogits, _ = self._run_fixed(self.draft_extend_runner, draft, dbatch)
+        extend = functools.partial(fixed_width_forward, draft.model, in_graph=False)
+        dhidden, dlogits, _ = self._run(self.draft_extend_runner, dbatch, extend)
         pick = torch.arange(bs, device=where) * width + accepted
         self._seed(requests, dhidden.index_select(0, pick), dlogits.index_select(0, pick))
         for d, n, a in zip(drafts, held, counts, strict=True):

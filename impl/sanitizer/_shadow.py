@@ -60,23 +60,31 @@ class ReplayShadow:
         self.steps = 0
         self.checked = 0
 
-    def run(self, replay: Callable[[], torch.Tensor], batch: Any, padded: int) -> torch.Tensor:
-        """``replay()`` (which serves ``batch`` padded to ``padded``), checked."""
+    def run(self, replay: Callable[[], Any], batch: Any, padded: int,
+            eager: Callable[[Any], Any] | None = None) -> Any:
+        """``replay()`` (which serves ``batch`` padded to ``padded``), checked. ``eager(batch)``
+        computes what the replay gives, eagerly, from the batch's own backend and cache (a
+        runner kind whose output is not the model's logits: a tensor or a tuple of tensors);
+        default both metadata halves, then ``target.model(batch)``."""
         self.steps += 1
         snapshot = clone_cache(self.target.kv_cache)
-        logits = replay()
-        self.check(batch, logits, snapshot, padded)
-        return logits
+        output = replay()
+        self.check(batch, output, snapshot, padded, eager)
+        return output
 
-    def check(self, batch: Any, logits: torch.Tensor, snapshot: Any, padded: int) -> None:
+    def check(self, batch: Any, logits: Any, snapshot: Any, padded: int,
+              eager: Callable[[Any], Any] | None = None) -> None:
         backend = self.target.make_backend(snapshot)
         live_backend = self.target.attn_backend
         if hasattr(live_backend, "extend_attention") and hasattr(backend, "extend_attention"):
             backend.extend_attention = live_backend.extend_attention
         shadow = dataclasses.replace(batch, attn_backend=backend, kv_cache=snapshot)
         with torch.no_grad(), set_forward_context(shadow):
-            backend.init_forward_metadata(shadow)
-            expected = self.target.model(shadow)
+            if eager is not None:
+                expected = eager(shadow)
+            else:
+                backend.init_forward_metadata(shadow)
+                expected = self.target.model(shadow)
         raw = batch.batch_size if batch.forward_mode.is_decode() else batch.num_tokens
         error: ReplayDiverged | None = None
         try:
@@ -106,8 +114,7 @@ class ReplayShadow:
                     return ReplayDiverged(*verdict, detail=f"on rank {rank}")
         return error
 
-    def _points(self, batch: Any, snapshot: Any, logits: torch.Tensor,
-                expected: torch.Tensor) -> Any:
+    def _points(self, batch: Any, snapshot: Any, logits: Any, expected: Any) -> Any:
         live = self.target.kv_cache
         for layer_id, kind in enumerate(live.layer_types):
             if kind == "recurrent":
@@ -121,7 +128,11 @@ class ReplayShadow:
                                     ("V", *_pair(live, snapshot, layer_id, 1))):
                 yield (f"layer {layer_id} KV write ({half})", got.index_select(0, locs),
                        want.index_select(0, locs))
-        yield "logits", logits, expected
+        if isinstance(logits, tuple):
+            for i, (got, want) in enumerate(zip(logits, expected, strict=True)):
+                yield f"output {i}", got, want
+        else:
+            yield "logits", logits, expected
 
     def _compare(self, point: str, got: torch.Tensor, want: torch.Tensor, raw: int,
                  padded: int) -> None:
