@@ -71,6 +71,7 @@ device (``RUN-14``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import weakref
 from collections.abc import Callable
@@ -89,6 +90,8 @@ __all__ = [
     "MUTANTS",
     "PREFILL_MUTANTS",
     "REGISTRY_MUTANTS",
+    "SPEC_MUTANTS",
+    "SpeculativeMutant",
     "StagingWithoutWait",
     "TP_MUTANTS",
     "mutant_api",
@@ -689,3 +692,138 @@ GENERATION_MUTANTS: Final[dict[str, type[impl.ModelRunner]]] = {
 }
 """Generation mutant name -> a :class:`impl.ModelRunner` subclass (overriding a public method)
 that leaks what a failed generation held."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Speculative decoding mutants (SPEC-*): each a reference speculator with a documented hook or
+# argument (or a draft model) reproducing one field bug of draft and verify graphs
+# ---------------------------------------------------------------------------------------------
+
+
+def _ids(max_bs: int, max_num_tokens: int) -> tuple[int]:
+    return (max_num_tokens,)
+
+
+def _per_request(max_bs: int, max_num_tokens: int) -> tuple[int]:
+    return (max_bs,)
+
+
+def _stale_padded_rows(runner: Any, proceed: Any) -> impl.CudaGraphBufferRegistry:
+    """A fixed-width registry whose padded rows keep what the last fill left: a padded row of
+    a smaller step reads an earlier step's request row and writes its cache slots."""
+    recipe, keep = runner.recipe, impl.PaddingPolicy.KEEP_PAD
+    registry = impl.CudaGraphBufferRegistry(runner.device.device, recipe.max_bs,
+                                            recipe.max_bs * recipe.width)
+    for name in ("input_ids", "positions", "out_cache_loc"):
+        registry.register_slot(impl.GraphSlot(name, _ids, torch.int64, "tokens",
+                                              padding_policy=keep))
+    for name in ("req_pool_indices", "seq_lens"):
+        registry.register_slot(impl.GraphSlot(name, _per_request, torch.int64, "bs",
+                                              padding_policy=keep))
+    config = runner.target.config
+    if config.draft:
+        hidden = config.hidden_size
+        registry.register_slot(impl.GraphSlot(
+            "hidden_states", lambda bs, tokens: (tokens, hidden), config.kv_dtype, "tokens",
+            padding_policy=keep))
+    return registry
+
+
+def _steps_factor_dropped(runner: Any, proceed: Any) -> impl.CudaGraphBufferRegistry:
+    """The draft-decode registry with its cache locations sized for one step per request."""
+    recipe = runner.recipe
+    registry = impl.CudaGraphBufferRegistry(runner.device.device, recipe.max_bs, recipe.max_bs)
+    zero = impl.PaddingPolicy.ZERO
+    for name in ("input_ids", "positions", "req_pool_indices", "seq_lens"):
+        registry.register_slot(impl.GraphSlot(name, _per_request, torch.int64, "bs",
+                                              padding_policy=zero))
+    registry.register_slot(impl.GraphSlot("out_cache_loc", _ids, torch.int64, "tokens",
+                                          padding_policy=zero))
+    config = runner.target.config
+    if config.draft:
+        hidden = config.hidden_size
+        registry.register_slot(impl.GraphSlot(
+            "hidden_states", lambda bs, tokens: (bs, hidden), config.kv_dtype, "bs",
+            padding_policy=zero))
+    return registry
+
+
+class _FirstOutputs:
+    """An ``outputs`` hook handing out the first replay's draft tokens at every replay: the
+    graph's own output buffer is never read again (the draft tokens are stale)."""
+
+    def __init__(self) -> None:
+        self.first: dict[int, torch.Tensor] = {}
+
+    def __call__(self, runner: Any, proceed: Any, output: Any, batch: Any) -> torch.Tensor:
+        got = proceed(output, batch)
+        return self.first.setdefault(got.shape[0], got)
+
+
+def _hidden_of_the_next_row(runner: Any, proceed: Any, output: Any, batch: Any) -> Any:
+    # Each row's hidden state taken from the row after it: the next draft reads another
+    # position's state, the drafts go wrong, and acceptance drops.
+    hidden, logits, tokens = proceed(output, batch)
+    return hidden.roll(-1, 0), logits, tokens
+
+
+class _NeverDispatched(impl.GraphLadder):
+    """A ladder that captures its graphs and declines every step (they run eagerly)."""
+
+    def decide(self, batch: Any) -> int | None:
+        super().decide(batch)
+        self.decline()
+        return None
+
+
+class _HostFlagStack(torch.nn.Module):
+    """A layer stack scaling its output by a host value that changes on every call (a flag set
+    during warm-up): a graph bakes the value of its capture."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__()
+        self.inner, self.calls = inner, 0
+
+    def forward(self, *args: Any) -> torch.Tensor:
+        self.calls += 1
+        return self.inner(*args) * (1.0 + 0.25 * (self.calls % 2))
+
+
+def _host_flag_draft(draft: Any) -> Any:
+    draft.model = _HostFlagStack(draft.model)
+    return draft
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeMutant:
+    """A speculative-decoding regression: the clause it breaks, the field bug, the arguments of
+    the speculator it makes (``options()``: ``hooks``, ``ladder``; fresh per call) and, where it
+    is the draft model that is wrong, how the draft is changed (``draft``)."""
+
+    clause: str
+    bug: str
+    options: Callable[[], dict[str, Any]] = dict
+    draft: Callable[[Any], Any] | None = None
+
+
+SPEC_MUTANTS: Final[dict[str, SpeculativeMutant]] = {
+    "stale_padded_rows": SpeculativeMutant("SPEC-3", "vLLM #47066", lambda: {"hooks": {
+        "target_verify": {"build_registry": _stale_padded_rows},
+        "draft_extend": {"build_registry": _stale_padded_rows},
+    }}),
+    "steps_factor_dropped": SpeculativeMutant("SPEC-4", "SGLang #27338", lambda: {"hooks": {
+        "draft_decode": {"build_registry": _steps_factor_dropped},
+    }}),
+    "host_flag_baked": SpeculativeMutant("SPEC-6", "TensorRT-LLM #15775",
+                                         draft=_host_flag_draft),
+    "draft_tokens_not_written": SpeculativeMutant("SPEC-7", "vLLM #37639", lambda: {"hooks": {
+        "draft_decode": {"outputs": _FirstOutputs()},
+    }}),
+    "hidden_of_the_next_row": SpeculativeMutant("SPEC-2", "SGLang #6081", lambda: {"hooks": {
+        "draft_extend": {"outputs": _hidden_of_the_next_row},
+    }}),
+    "graphs_never_dispatched": SpeculativeMutant("SPEC-8", "vLLM #47460",
+                                                 lambda: {"ladder": _NeverDispatched}),
+}
+"""Speculative mutant name -> :class:`SpeculativeMutant`. Each is caught at core, on the fake
+and on CUDA, by the test of its clause in ``conformance/tests/speculative/``."""

@@ -15,6 +15,7 @@ from . import (  # noqa: F401
     _clauses_registry,
     _clauses_runners,
     _clauses_sanitizer,
+    _clauses_speculative,
     _clauses_streams,
     errors,
 )

@@ -331,8 +331,11 @@ class RunnersOptionalAPI(Protocol):
     :class:`GraphRunner`'s ``decide`` and ``run``, ``can_run``, ``replay``, ``stats`` and
     ``graphs`` (and :class:`StagedGraphRunner` for overlapped decode to overlap its fill);
     ``BreakableCudaGraphRunner``: the breakable prefill runner, built the same way with
-    ``capture_num_tokens=sizes``; the rest: the vLLM-style manager, built as
-    ``CudaGraphManager(target, mode, capture_sizes=...)``."""
+    ``capture_num_tokens=sizes``; ``Speculator``: greedy chain speculative decoding, built as
+    ``Speculator(target_model_runner, draft_model_runner, K, graphs=, capture_bs=, hooks=,
+    share_pool=)`` and run by ``impl.Scheduler(target, speculator=...)`` (``prefill``,
+    ``round``, ``release``, ``holding``, ``runners``: ``SPEC-*``); the rest: the vLLM-style
+    manager, built as ``CudaGraphManager(target, mode, capture_sizes=...)``."""
 
     BatchDescriptor: Any
     BreakableCudaGraphRunner: Any
@@ -340,6 +343,7 @@ class RunnersOptionalAPI(Protocol):
     CudaGraphManager: Any
     CudaGraphRunner: Any
     CudagraphDispatcher: Any
+    Speculator: Any
 
 
 def api_names(protocol: type) -> tuple[str, ...]:

@@ -20,7 +20,8 @@ from ._target import GraphTarget
 
 __all__ = ["FIXED_WIDTH_STEPS", "FixedWidthRecipe", "fixed_width_forward", "rows_view"]
 
-FIXED_WIDTH_STEPS = ("prepare_capture", "prepare_replay", "record_forward", "outputs")
+FIXED_WIDTH_STEPS = ("build_registry", "prepare_capture", "prepare_replay", "record_forward",
+                     "outputs")
 """The steps of a fixed-width ladder a hook may wrap."""
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -60,13 +60,24 @@ class Speculator:
        row ``i`` reads ``z[i]`` (and the target's hidden state of row ``i``); row ``a`` gives
        the next ``d1`` and hidden state; the draft keeps positions up to ``L + a - 1``.
 
+    With ``graphs``, the three kinds are graph ladders (``SPEC-*``): the target's verify
+    (:class:`~impl.FixedWidthRecipe`), the draft's decode loop (:class:`~impl.DraftDecodeRecipe`,
+    for ``K > 1``) and extend (:class:`~impl.FixedWidthRecipe`), each over ``capture_bs``
+    (default the decode ladder) with ``hooks[kind]`` (kinds ``"target_verify"``,
+    ``"draft_decode"``, ``"draft_extend"``), the draft's in the target's pool and stream with
+    ``share_pool``, each made by ``ladder`` (default :class:`~impl.GraphLadder`). A step a ladder
+    declines runs eagerly; the sanitizer's level is the runners'.
+
     Greedy verification makes the committed tokens the target's own greedy tokens, whatever
     the draft proposes. Models with recurrent layers are refused (their state cannot be
     rolled back per draft position): :class:`NotImplementedError`.
     """
 
     def __init__(self, target: Any, draft: Any, num_speculative_tokens: int, *,
-                 graphs: bool = False) -> None:
+                 graphs: bool = False, capture_bs: Sequence[int] | None = None,
+                 hooks: Mapping[str, Mapping[str, Callable[..., Any]]] | None = None,
+                 share_pool: bool = False, ladder: Callable[..., GraphLadder] = GraphLadder,
+                 ) -> None:
         k = num_speculative_tokens
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"num_speculative_tokens must be a positive int, got {k!r}")
@@ -100,13 +111,30 @@ class Speculator:
         self.draft_decode_runner: GraphLadder | None = None
         self.draft_extend_runner: GraphLadder | None = None
         if graphs:
-            self.verify_runner = GraphLadder(FixedWidthRecipe(
-                target.graph_target(), ForwardMode.TARGET_VERIFY, self.width))
-            if k > 1:
-                self.draft_decode_runner = GraphLadder(DraftDecodeRecipe(
-                    draft.graph_target(), k - 1))
-            self.draft_extend_runner = GraphLadder(FixedWidthRecipe(
-                draft.graph_target(), ForwardMode.DRAFT_EXTEND, self.width))
+            self._capture(capture_bs, hooks or {}, share_pool, ladder)
+
+    def _capture(self, capture_bs: Sequence[int] | None,
+                 hooks: Mapping[str, Mapping[str, Callable[..., Any]]], share_pool: bool,
+                 ladder: Callable[..., GraphLadder]) -> None:
+        target, draft, k = self.target.graph_target(), self.draft.graph_target(), self.width - 1
+        where = {"pool": target.pool, "stream": target.stream} if share_pool else {}
+        recipes: list[tuple[str, Any]] = [
+            ("verify_runner", FixedWidthRecipe(target, ForwardMode.TARGET_VERIFY, k + 1,
+                                               capture_bs=capture_bs)),
+            ("draft_extend_runner", FixedWidthRecipe(draft, ForwardMode.DRAFT_EXTEND, k + 1,
+                                                     capture_bs=capture_bs)),
+        ]
+        if k > 1:
+            recipes.insert(1, ("draft_decode_runner", DraftDecodeRecipe(
+                draft, k - 1, capture_bs=capture_bs)))
+        try:
+            for name, recipe in recipes:
+                drafted = recipe.target is draft
+                setattr(self, name, ladder(recipe, hooks=hooks.get(recipe.kind),
+                                           **(where if drafted else {})))
+        except BaseException:
+            self.close()  # the kinds captured before the failure
+            raise
 
     @classmethod
     def for_draft_model(cls, target: Any, draft_model: Any, num_speculative_tokens: Any, *,
