@@ -30,8 +30,9 @@ define(
             another capture or replay reuses, so the round's tokens equal eager's (SGLang
             #22930, a draft capture re-using the target graphs' live pool memory)."""),
         ("SPEC-6", """No host flags: a speculative graph bakes no host value (a draft length, a
-            step index, a validity flag set during warm-up); the capture sanitizer probes every
-            speculative runner and names one that does (TensorRT-LLM #15775)."""),
+            step index, a validity flag set during warm-up); the sanitizer covers every
+            speculative runner, its capture probes and replay shadows, and names one that does
+            (TensorRT-LLM #15775)."""),
         ("SPEC-7", """Equivalence: greedy speculative decoding with graphs gives the target's own
             greedy tokens (eager, without speculation) and the same acceptance counts, round by
             round, as eager speculative decoding, with requests joining and leaving and batch
