@@ -708,6 +708,22 @@ def _per_request(max_bs: int, max_num_tokens: int) -> tuple[int]:
     return (max_bs,)
 
 
+def _with_hidden_states(registry: impl.CudaGraphBufferRegistry, runner: Any, axis: str,
+                        policy: impl.PaddingPolicy) -> impl.CudaGraphBufferRegistry:
+    """``registry`` with the ``hidden_states`` slot of an EAGLE-style draft (one row per item
+    of ``axis``), as the reference recipes register it."""
+    config = runner.target.config
+    if config.draft:
+        hidden = config.hidden_size
+
+        def shape(max_bs: int, max_num_tokens: int) -> tuple[int, int]:
+            return (max_num_tokens if axis == "tokens" else max_bs, hidden)
+
+        registry.register_slot(impl.GraphSlot("hidden_states", shape, config.kv_dtype, axis,
+                                              padding_policy=policy))
+    return registry
+
+
 def _stale_padded_rows(runner: Any, proceed: Any) -> impl.CudaGraphBufferRegistry:
     """A fixed-width registry whose padded rows keep what the last fill left: a padded row of
     a smaller step reads an earlier step's request row and writes its cache slots."""
@@ -720,13 +736,7 @@ def _stale_padded_rows(runner: Any, proceed: Any) -> impl.CudaGraphBufferRegistr
     for name in ("req_pool_indices", "seq_lens"):
         registry.register_slot(impl.GraphSlot(name, _per_request, torch.int64, "bs",
                                               padding_policy=keep))
-    config = runner.target.config
-    if config.draft:
-        hidden = config.hidden_size
-        registry.register_slot(impl.GraphSlot(
-            "hidden_states", lambda bs, tokens: (tokens, hidden), config.kv_dtype, "tokens",
-            padding_policy=keep))
-    return registry
+    return _with_hidden_states(registry, runner, "tokens", keep)
 
 
 def _steps_factor_dropped(runner: Any, proceed: Any) -> impl.CudaGraphBufferRegistry:
@@ -739,13 +749,7 @@ def _steps_factor_dropped(runner: Any, proceed: Any) -> impl.CudaGraphBufferRegi
                                               padding_policy=zero))
     registry.register_slot(impl.GraphSlot("out_cache_loc", _ids, torch.int64, "tokens",
                                           padding_policy=zero))
-    config = runner.target.config
-    if config.draft:
-        hidden = config.hidden_size
-        registry.register_slot(impl.GraphSlot(
-            "hidden_states", lambda bs, tokens: (bs, hidden), config.kv_dtype, "bs",
-            padding_policy=zero))
-    return registry
+    return _with_hidden_states(registry, runner, "bs", zero)
 
 
 class _FirstOutputs:
