@@ -44,7 +44,9 @@ define(
         ("RUN-10", """The dispatcher pads to the smallest captured size >= n and picks FULL with
             the exact descriptor, else PIECEWISE with the relaxed one (num_reqs=None), else
             NONE; the manager runs each (mode, batch kind) pair on that path, a FULL replay
-            records no break, and a draft model's prefill through run_pw_graph equals eager."""),
+            records no break, and a draft model's prefill through run_pw_graph and its decode
+            loop through run_draft_decode (FULL only, eager in a mode without full graphs)
+            equal eager."""),
         ("RUN-11", """Graph replay equals eager: decode graphs for every captured size and the raw
             sizes between them, and breakable prefill, over many steps with requests joining
             and leaving, on every reference model kind (tokens equal, logits within 1e-3)."""),

@@ -9,10 +9,11 @@ from typing import NamedTuple
 
 import torch
 
-from ..models import ForwardBatch
+from ..models import ForwardBatch, set_forward_context
 from ..sanitizer import ReplayShadow, SanitizeLevel, check_sanitize
 from ._common import check_sizes, pad_to_captured
 from ._decode import default_decode_sizes
+from ._draft_decode import DraftDecodeRecipe, draft_loop
 from ._ladder import GraphLadder
 from ._prefill import default_prefill_sizes
 from ._runners import BreakableCudaGraphRunner, CudaGraphRunner
@@ -161,6 +162,9 @@ class CudaGraphManager:
     :meth:`execute` is both. Capture (:meth:`capture`) puts piecewise graphs first, then full
     graphs, each largest first, into the one pool. A full graph never breaks (``RUN-10``).
 
+    Speculative routes (vLLM's speculator keys): a draft's prefill through :meth:`run_pw_graph`
+    on the draft's target, and its decode loop through :meth:`run_draft_decode`, FULL only.
+
     One rank only: a model sharded over several ranks (``tensor_parallel_size`` above 1) is
     refused with :class:`NotImplementedError`; :class:`~impl.ModelRunner`'s runners take a
     communicator.
@@ -197,6 +201,7 @@ class CudaGraphManager:
         self.stream = target.stream
         self._pw_ladders: dict[int, BreakableCudaGraphRunner] = {}
         self._full: CudaGraphRunner | None = None
+        self._draft_decode: dict[tuple[int, int], GraphLadder] = {}
 
     # -- ladders -------------------------------------------------------------------------------
 
@@ -245,7 +250,7 @@ class CudaGraphManager:
     def runners(self) -> tuple[GraphLadder, ...]:
         """Every ladder the manager made so far."""
         full = (self._full,) if self._full is not None else ()
-        return (*self._pw_ladders.values(), *full)
+        return (*self._pw_ladders.values(), *full, *self._draft_decode.values())
 
     # -- decision and execution ----------------------------------------------------------------
 
@@ -304,3 +309,34 @@ class CudaGraphManager:
             return ladder.run(desc.num_tokens, batch)
         ladder.decline()
         return target.forward(batch)
+
+    # -- speculative decoding ------------------------------------------------------------------
+
+    def init_draft_decode_runner(self, target: GraphTarget, num_steps: int) -> GraphLadder:
+        """The draft-decode ladder of the draft ``target`` for ``num_steps`` draft forwards per
+        round (:class:`~impl.DraftDecodeRecipe`), FULL only: its sizes are the uniform-decode
+        FULL descriptors' (created on first use, into the manager's pool and stream)."""
+        key = (id(target), num_steps)
+        ladder = self._draft_decode.get(key)
+        if ladder is None:
+            sizes = [n for n in self._full_sizes() if n <= target.max_bs]
+            ladder = GraphLadder(DraftDecodeRecipe(target, num_steps, capture_bs=sizes),
+                                 pool=self.pool, stream=self.stream, sanitize=self.sanitize)
+            self._draft_decode[key] = ladder
+        return ladder
+
+    def run_draft_decode(self, target: GraphTarget, batch: ForwardBatch,
+                         num_steps: int) -> torch.Tensor:
+        """The draft's decode loop of a round (a decode batch of the first draft tokens with
+        ``num_steps`` KV slots per request, as :class:`~impl.Speculator` builds it): the
+        dispatcher's uniform-decode FULL descriptor of its requests on the draft-decode ladder
+        where the mode has full graphs and the ladder serves it, else eagerly; the draft tokens
+        ``[bs, num_steps]``. A draft decode is never piecewise (vLLM's speculator keys)."""
+        mode, desc = self.dispatcher.dispatch(batch.batch_size, uniform_decode=True)
+        if mode is CUDAGraphMode.FULL and desc.uniform and self._full_sizes():
+            ladder = self.init_draft_decode_runner(target, num_steps)
+            if ladder.serves(desc.num_tokens, batch):
+                return ladder.run(desc.num_tokens, batch)
+            ladder.decline()
+        with set_forward_context(batch):
+            return draft_loop(target.model, batch, num_steps, in_graph=False)

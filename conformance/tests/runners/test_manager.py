@@ -141,3 +141,39 @@ def test_draft_prefill_through_run_pw_graph_equals_eager(device, manager_api) ->
             runner.release(r)
     expect_close(results[0], results[1], "draft prefill")
     assert manager.init_breakable_cg_runner(draft_target).stats.replays == 1
+
+
+def _draft_decode_batch(runner: impl.ModelRunner, steps: int) -> tuple[Any, list[Any]]:
+    """Two prefilled draft requests and the decode batch of their draft loop: the first draft
+    tokens at the position after each cache, ``steps`` KV slots per request."""
+    requests = [runner.new_request([1, 2, 3]), runner.new_request([4, 5, 6, 7])]
+    runner.extend(requests)
+    ext = runner.build_batch(impl.ForwardMode.EXTEND, requests, [[0] * steps for _ in requests])
+    positions = ext.positions.view(len(requests), steps)[:, 0]
+    batch = impl.ForwardBatch(
+        forward_mode=impl.ForwardMode.DECODE, batch_size=len(requests),
+        input_ids=torch.tensor([9, 11], device=positions.device), positions=positions,
+        req_pool_indices=ext.req_pool_indices, seq_lens=positions + 1,
+        seq_lens_cpu=(positions + 1).cpu(), out_cache_loc=ext.out_cache_loc,
+        attn_backend=ext.attn_backend, kv_cache=ext.kv_cache)
+    return batch, requests
+
+
+@pytest.mark.clause("RUN-10")
+def test_draft_decode_through_the_manager_is_full_only(device, manager_api) -> None:
+    manager_cls = optional_runner(manager_api, "CudaGraphManager")
+    if not hasattr(manager_cls, "run_draft_decode"):
+        pytest.skip("the runners part's manager has no speculative routes (run_draft_decode)")
+    results = []
+    for mode in ("FULL_AND_PIECEWISE", "PIECEWISE"):
+        runner = make_runner(device, "dense", model=make_model(device, "dense", num_layers=1))
+        manager = manager_cls(runner.graph_target(), getattr(manager_api.CUDAGraphMode, mode),
+                              capture_sizes=[1, 2, 4])
+        batch, requests = _draft_decode_batch(runner, 3)
+        results.append(manager.run_draft_decode(runner.graph_target(), batch, 3))
+        ladders = [r for r in manager.runners if r.recipe.kind == "draft_decode"]
+        # FULL: one draft-decode ladder, replayed; PIECEWISE only: none, eager.
+        assert [r.stats.replays for r in ladders] == ([1] if mode.startswith("FULL") else [])
+        for r in requests:
+            runner.release(r)
+    assert torch.equal(results[0].cpu(), results[1].cpu()), results
