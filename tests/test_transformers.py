@@ -257,3 +257,28 @@ def test_the_sanitizer_is_silent_on_transformers_models(arch: str, requests: Any
     out = impl.Scheduler(runner).generate(prompts, limits)
     for prompt, limit, tokens in zip(prompts, limits, out.tokens, strict=True):
         assert tokens == _reference(hf, prompt, limit)[0], (arch, prompt)
+
+
+# -- the self-check at wrap time ------------------------------------------------------------
+
+
+def test_an_attention_the_wrapper_does_not_follow_is_refused_at_wrap_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Llama whose own (eager) attention scales its scores by an extra factor, which the
+    paged attention does not see: ``from_transformers`` refuses it at wrap time, naming the
+    model type and the difference; ``check=False`` wraps it unchecked."""
+    from transformers.models.llama import modeling_llama
+
+    hf = hf_models.build("llama", device=torch.device("cpu"), dtype=torch.float32)
+    impl.from_transformers(hf)  # the unchanged model passes its self-check
+    plain = modeling_llama.eager_attention_forward
+
+    def scaled(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: Any, scaling: float, **kwargs: Any) -> Any:
+        return plain(module, query, key, value, attention_mask, scaling * 1.3, **kwargs)
+
+    monkeypatch.setattr(modeling_llama, "eager_attention_forward", scaled)
+    with pytest.raises(NotImplementedError,
+                       match=r"'llama' model does not give its own logits .* differ by up to"):
+        impl.from_transformers(hf)
+    assert isinstance(impl.from_transformers(hf, check=False), impl.TransformersModel)

@@ -20,6 +20,7 @@ from spec import RunnerConfig
 from ._batch import ForwardBatch
 from ._context import get_forward_context
 from ._layers import paged_attention
+from ._wrap_check import check_against_eager
 
 __all__ = ["ATTENTION_FUNCTION", "SUPPORTED_MODEL_TYPES", "TransformersModel", "from_transformers"]
 
@@ -90,14 +91,15 @@ _SWITCH = threading.RLock()
 
 
 @contextlib.contextmanager
-def _attending_through_paged(config: Any) -> Iterator[None]:
-    """The model's attention routed to :data:`ATTENTION_FUNCTION` for the body only: the
-    user's model attends as before outside the wrapper's own calls. The switch is an attribute
-    of the shared config, so wrapper calls are serialised by a lock; the user's own calls of
-    the same model must not run concurrently with them."""
+def _attending_with(config: Any, implementation: str) -> Iterator[None]:
+    """The model's attention routed to ``implementation`` for the body only (the wrapper's own
+    calls: :data:`ATTENTION_FUNCTION`; the self-check's reference: ``"eager"``): the user's
+    model attends as before outside them. The switch is an attribute of the shared config, so
+    these calls are serialised by a lock; the user's own calls of the same model must not run
+    concurrently with them."""
     with _SWITCH:
         before = config._attn_implementation
-        config._attn_implementation = ATTENTION_FUNCTION
+        config._attn_implementation = implementation
         try:
             yield
         finally:
@@ -118,7 +120,7 @@ class _TransformersStack(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor,
         hidden_states: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        with _attending_through_paged(self._config):
+        with _attending_with(self._config, ATTENTION_FUNCTION):
             out = self.decoder(
                 input_ids=input_ids.unsqueeze(0), position_ids=positions.unsqueeze(0),
                 use_cache=False,
@@ -251,7 +253,7 @@ def runner_config_of(hf_model: nn.Module) -> RunnerConfig:
     )
 
 
-def from_transformers(hf_model: nn.Module) -> TransformersModel:
+def from_transformers(hf_model: nn.Module, *, check: bool = True) -> TransformersModel:
     """Wrap a transformers decoder-only ``*ForCausalLM`` for :class:`~impl.ModelRunner` and
     every graph runner: eager, decode graphs and breakable prefill.
 
@@ -269,6 +271,16 @@ def from_transformers(hf_model: nn.Module) -> TransformersModel:
     attention as a break in breakable captures). The wrapper switches the model's
     ``_attn_implementation`` to :data:`ATTENTION_FUNCTION` for its own calls only. The model
     must be in eval mode (attention dropout refuses to run).
+
+    **Self-check** (``check=True``, the default): after the refusals above, a short probe (two
+    requests of a few tokens, then one decode step) runs through the model's own forward with
+    transformers' eager attention and through the wrapper eagerly over a paged KV cache; a
+    logit difference beyond the weights' dtype's tolerance (1e-4 in fp32) raises
+    :class:`NotImplementedError` naming the model type, the step and the difference. What it
+    catches: an attention that does something the paged attention does not follow (an extra
+    scale or bias inside its own attention function, a mask it builds itself).
+    ``check=False`` skips the probe (for large models, where its four forwards cost): a model
+    whose attention the wrapper does not follow is then served with wrong tokens, silently.
 
     .. note::
         The first call registers :data:`ATTENTION_FUNCTION` in transformers'
@@ -290,4 +302,8 @@ def from_transformers(hf_model: nn.Module) -> TransformersModel:
         )
     config = runner_config_of(hf_model)
     _register()
-    return TransformersModel(hf_model, config)
+    wrapped = TransformersModel(hf_model, config)
+    if check:
+        check_against_eager(wrapped, config, hf_model,
+                            functools.partial(_attending_with, hf_model.config, "eager"))
+    return wrapped
