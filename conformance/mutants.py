@@ -780,6 +780,17 @@ class _NeverDispatched(impl.GraphLadder):
         return None
 
 
+class _DraftDecidesPerRank(impl.GraphLadder):
+    """A draft-decode ladder that consults a rank-local policy after the ranks agreed: rank 1
+    runs its draft loop eagerly while the others replay (a draft runner deciding per rank: its
+    collectives no longer pair up, which hangs NCCL)."""
+
+    def decide(self, batch: Any) -> int | None:
+        key = super().decide(batch)
+        rank = self.communicator.rank if self.communicator is not None else 0
+        return None if self.recipe.kind == "draft_decode" and rank == 1 else key
+
+
 class _HostFlagStack(torch.nn.Module):
     """A layer stack scaling its output by a host value that changes on every call (a flag set
     during warm-up): a graph bakes the value of its capture."""
@@ -828,6 +839,8 @@ SPEC_MUTANTS: Final[dict[str, SpeculativeMutant]] = {
     }}),
     "graphs_never_dispatched": SpeculativeMutant("SPEC-8", "vLLM #47460",
                                                  lambda: {"ladder": _NeverDispatched}),
+    "draft_decides_per_rank": SpeculativeMutant("TP-5", "a draft runner deciding per rank",
+                                                lambda: {"ladder": _DraftDecidesPerRank}),
 }
 """Speculative mutant name -> :class:`SpeculativeMutant`. Each is caught at core, on the fake
 and on CUDA, by the test of its clause in ``conformance/tests/speculative/``."""

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+import fakes
 import impl
 import spec
 from conformance.mutants import SPEC_MUTANTS
@@ -284,3 +285,60 @@ def test_a_baked_host_flag_is_named(device: Any, runner_api: Any, variant: str) 
         return
     with pytest.raises((spec.HostValueBaked, spec.ReplayDiverged)):
         generate()
+
+
+# -- under tensor parallelism (the multi-rank fake) ---------------------------------------------
+
+_TP_MUTANTS = [name for name, m in SPEC_MUTANTS.items() if m.clause.startswith("TP-")]
+_TP_SHAPE = dict(num_layers=2, hidden_size=32, num_heads=4, num_kv_heads=2, vocab_size=64)
+
+
+def _tp_models(device: Any, communicator: Any = None) -> tuple[Any, Any]:
+    """A dense target and a one-layer dense draft, seeded, sharded over ``communicator``."""
+    target = impl.build_model("dense", device=device.device, seed=3, **_TP_SHAPE)
+    draft = impl.build_model("dense", device=device.device, seed=4,
+                             **{**_TP_SHAPE, "num_layers": 1})
+    if communicator is None:
+        return target, draft
+    return impl.shard_model(target, communicator), impl.shard_model(draft, communicator)
+
+
+@pytest.mark.capability("multi_rank")
+@pytest.mark.clause("SPEC-7", "SPEC-8", "TP-5")
+@pytest.mark.parametrize("variant", ["reference", *_TP_MUTANTS])
+def test_every_rank_replays_the_same_speculative_graphs(backend: Any, runner_api: Any,
+                                                        variant: str) -> None:
+    """Speculative decoding sharded over two ranks: every rank decides once, together, for
+    each verify, draft-decode and draft-extend step, replays the same graph, and commits one
+    rank's tokens and acceptance counts; a draft runner that decides per rank is named as a
+    :class:`spec.CollectiveMismatch` on every rank instead of a hang."""
+    cls = optional_runner(runner_api, "Speculator")
+    options = {**_RUNNER, "max_context_len": 40}
+    device = backend.make_device()
+    target, draft = _tp_models(device)
+    alone = [impl.ModelRunner(m, device=device, num_speculative_tokens=3, **options)
+             for m in (target, draft)]
+    want = _generate(alone[0], cls(*alone, 3), PROMPTS, [6, 9, 4, 7, 5])
+    extra = SPEC_MUTANTS[variant].options() if variant != "reference" else {}
+
+    def rank(ctx: Any) -> Any:
+        runners = [impl.ModelRunner(m, device=ctx.device, num_speculative_tokens=3,
+                                    communicator=ctx.communicator, **options)
+                   for m in _tp_models(ctx.device, ctx.communicator)]
+        made = cls(*runners, 3, graphs=True, capture_bs=[1, 2, 4], **extra)
+        try:
+            out = _generate(runners[0], made, PROMPTS, [6, 9, 4, 7, 5])
+        except spec.CollectiveMismatch as error:
+            return error
+        finally:
+            made.close()
+        return out, [ladder.stats.replays for ladder in made.runners]
+
+    results = fakes.run_ranks(rank, 2, make_device=backend.make_device)
+    if variant != "reference":
+        assert all(isinstance(r, spec.CollectiveMismatch) for r in results), results
+        return
+    for r, (out, replays) in enumerate(results):
+        assert out.tokens == want.tokens, f"rank {r}: tokens differ from one rank's"
+        assert out.accepted == want.accepted, f"rank {r}: acceptance differs from one rank's"
+        assert all(replays), f"rank {r}: replays per kind {replays}"
