@@ -282,3 +282,30 @@ def test_an_attention_the_wrapper_does_not_follow_is_refused_at_wrap_time(
                        match=r"'llama' model does not give its own logits .* differ by up to"):
         impl.from_transformers(hf)
     assert isinstance(impl.from_transformers(hf, check=False), impl.TransformersModel)
+
+
+# -- speculative decoding with a user's own target and draft -----------------------------------
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma2"])
+def test_speculative_decoding_with_transformers_target_and_draft(device: Any, arch: str) -> None:
+    """A transformers target and a one-layer transformers draft of its family (standalone,
+    seeded otherwise): speculative decoding with its graphs gives transformers' own greedy
+    tokens, and every speculative graph kind is replayed."""
+    target = hf_models.build(arch, device=device.device)
+    draft = hf_models.build(arch, device=device.device, num_hidden_layers=1, seed=1)
+    runner = impl.ModelRunner(
+        impl.from_transformers(target), draft=impl.from_transformers(draft),
+        num_speculative_tokens=3, device=device, max_running_requests=2, max_total_tokens=256,
+        max_context_len=48, capture_bs=[1, 2])
+    prompts, limits = _PROMPTS[:3], [6, 3, 5]
+    out = impl.Scheduler(runner).generate(prompts, limits)
+    for prompt, tokens, new in zip(prompts, out.tokens, limits, strict=True):
+        assert tokens == _reference(target, prompt, new)[0], f"{arch}: {prompt}"
+    replays = [ladder.stats.replays for ladder in runner.speculator.runners]
+    assert len(replays) == 3 and all(replays), f"{arch}: replays per kind {replays}"
+    small = hf_models.build(arch, device=device.device, num_hidden_layers=1, vocab_size=80)
+    with pytest.raises(ValueError, match=r"vocabulary \(80\) differs from the target.s \(96\)"):
+        impl.ModelRunner(impl.from_transformers(target), draft=impl.from_transformers(small),
+                         num_speculative_tokens=2, device=device, max_running_requests=2,
+                         max_total_tokens=256)
