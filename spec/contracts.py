@@ -246,9 +246,10 @@ class GraphRecipe(Protocol):
     returning the batch to capture again). Per step: ``key_of(batch)`` (this rank's decision,
     ``None`` where ``can_run`` is false), then ``replay(registry, entry, batch, hooked)``, which
     trusts the key: fills the registry from ``batch``, prepares the metadata (step
-    ``prepare_replay``), replays ``entry.graph`` and returns the real requests' logits (step
-    ``outputs``). ``hooked(step, default)`` is ``default`` as the runner's hooks of ``step`` wrap
-    it (``default`` itself where none does): call what it returns.
+    ``prepare_replay``), replays ``entry.graph`` and returns the real requests' outputs (step
+    ``outputs``: the logits of a runner the model runner calls). ``hooked(step, default)`` is
+    ``default`` as the runner's hooks of ``step`` wrap it (``default`` itself where none does):
+    call what it returns.
     """
 
     kind: str
@@ -277,8 +278,9 @@ class GraphRecipe(Protocol):
 
     def key_of(self, batch: Any) -> int | None: ...
 
-    def replay(self, registry: Any, entry: GraphEntryLike, batch: Any, hooked: Any,
-               ) -> torch.Tensor: ...
+    def replay(self, registry: Any, entry: GraphEntryLike, batch: Any, hooked: Any) -> Any:
+        """The step's outputs for the real requests, copies (a runner's logits, or what the
+        kind returns)."""
 
 
 class RegistryAPI(Protocol):

@@ -230,14 +230,16 @@ class GraphLadder:
         """Count a batch a caller declined for this ladder (it ran eagerly)."""
         self._counter.eager_fallbacks += 1
 
-    def run(self, key: int, batch: Any) -> torch.Tensor:
-        """Replay the graph of ``key`` (from :meth:`decide`) with ``batch`` padded into it; the
-        logits of the real requests (a tensor of their own)."""
+    def run(self, key: int, batch: Any) -> Any:
+        """Replay the graph of ``key`` (from :meth:`decide`) with ``batch`` padded into it; what
+        the recipe's replay returns, tensors of their own: the logits of the real requests for
+        the decode and prefill recipes (the speculative ones return their rows' hidden states,
+        logits and tokens, or the draft tokens)."""
         logits = self.recipe.replay(self.registry, self.entries[key], batch, self._hooked)
         self._counter.replays += 1
         return logits
 
-    def replay(self, batch: Any) -> torch.Tensor:
+    def replay(self, batch: Any) -> Any:
         """:meth:`run` of the key that serves ``batch`` on this rank alone (never exchanged:
         under tensor parallelism call :meth:`decide`, then :meth:`run`); :class:`ValueError`
         when none does."""
