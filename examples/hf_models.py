@@ -14,7 +14,8 @@ import torch
 
 import impl
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma2")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "smollm3",
+                 "cohere2")
 """The architectures :func:`build` makes, each with what sets it apart switched on."""
 
 WINDOW = 6
@@ -37,7 +38,10 @@ def build(
     """A seeded, randomly initialised transformers ``*ForCausalLM`` of ``arch`` in eval mode:
     Llama; Qwen2 with attention biases; Qwen3 (q/k norms) with its second layer sliding;
     Mistral with every layer sliding; Gemma 2 with alternating sliding layers, attention and
-    final logit softcaps and ``query_pre_attn_scalar``. ``overrides`` go into the config."""
+    final logit softcaps and ``query_pre_attn_scalar``; Gemma 3 (text) with a sliding and a
+    full layer (each with its own rope); Phi-3 (fused projections); SmolLM3 (layers without
+    rope); Cohere 2 with a sliding and a full layer and a logit scale. ``overrides`` go into the
+    config."""
     import transformers as tf
 
     options = {**_COMMON}
@@ -55,6 +59,18 @@ def build(
         make, config_cls = tf.Gemma2ForCausalLM, tf.Gemma2Config
         options.update(sliding_window=WINDOW, query_pre_attn_scalar=12,
                        attn_logit_softcapping=5.0, final_logit_softcapping=3.0)
+    elif arch == "gemma3":
+        make, config_cls = tf.Gemma3ForCausalLM, tf.Gemma3TextConfig
+        options.update(sliding_window=WINDOW, query_pre_attn_scalar=12,
+                       layer_types=["sliding_attention", "full_attention"])
+    elif arch == "phi3":
+        make, config_cls = tf.Phi3ForCausalLM, tf.Phi3Config
+    elif arch == "smollm3":
+        make, config_cls = tf.SmolLM3ForCausalLM, tf.SmolLM3Config
+    elif arch == "cohere2":
+        make, config_cls = tf.Cohere2ForCausalLM, tf.Cohere2Config
+        options.update(sliding_window=WINDOW, logit_scale=0.5,
+                       layer_types=["sliding_attention", "full_attention"])
     else:
         raise ValueError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")
     options.update(overrides)

@@ -196,11 +196,22 @@ def test_sliding_windows_of_two_sizes_are_refused() -> None:
         impl.from_transformers(hf)
 
 
-def test_an_unknown_model_type_is_refused() -> None:
-    config = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2,
-                                     bos_token_id=0, eos_token_id=0)
-    with pytest.raises(NotImplementedError, match="model_type 'gpt2'"):
-        impl.from_transformers(transformers.GPT2LMHeadModel(config))
+def test_an_encoder_decoder_is_refused_by_name() -> None:
+    config = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=1,
+                                   num_heads=4, decoder_start_token_id=0)
+    with pytest.raises(NotImplementedError, match="encoder-decoder models"):
+        impl.from_transformers(transformers.T5ForConditionalGeneration(config))
+
+
+def test_attention_sinks_are_refused_by_name() -> None:
+    """gpt-oss attends with sink logits the paged attention does not have: refused by name
+    before anything runs (before its mixture of experts too)."""
+    config = transformers.GptOssConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4,
+        num_experts_per_tok=2, sliding_window=8, pad_token_id=0)
+    with pytest.raises(NotImplementedError, match="attention sinks"):
+        impl.from_transformers(transformers.GptOssForCausalLM(config).eval())
 
 
 def test_supported_rope_scalings_are_accepted() -> None:

@@ -2,6 +2,19 @@
 
 transformers is an optional extra (``pip install .[hf]``): it is imported when
 :func:`from_transformers` is first called, never by ``import impl``.
+
+Any decoder-only ``*ForCausalLM`` whose attention goes through transformers'
+``AttentionInterface`` is wrapped the same way (the generic path): its own code keeps the
+embeddings, norms, multipliers, rope and MLP; the attention calls pass their ``scaling``,
+``softcap`` and ``sliding_window``, and layer types come from ``layer_types`` (or the
+config's ``sliding_window``). Per-family code, only where a family needs it:
+
+==============  ===========================================================================
+family          what the wrapper adds
+==============  ===========================================================================
+Gemma 2         the final logit softcap (``final_logit_softcapping``) after the LM head
+Cohere, Cohere 2  the logit scale (the model's ``logit_scale``) after the LM head
+==============  ===========================================================================
 """
 
 from __future__ import annotations
@@ -24,10 +37,13 @@ from ._wrap_check import check_against_eager
 
 __all__ = ["ATTENTION_FUNCTION", "SUPPORTED_MODEL_TYPES", "TransformersModel", "from_transformers"]
 
-SUPPORTED_MODEL_TYPES: Final[tuple[str, ...]] = ("gemma2", "llama", "mistral", "qwen2", "qwen3")
-"""The ``model_type`` values :func:`from_transformers` wraps: decoders whose attention goes
-through transformers' attention-function registry, checked to equal transformers' own greedy
-generation."""
+SUPPORTED_MODEL_TYPES: Final[tuple[str, ...]] = (
+    "cohere2", "gemma2", "gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3", "smollm3",
+)
+"""The ``model_type`` values checked to equal transformers' own greedy generation (the tests,
+on the fake and on CUDA). Other decoders whose attention goes through transformers'
+attention-function registry are wrapped too, by the same generic path, and checked at wrap
+time (:func:`from_transformers`'s self-check)."""
 
 ATTENTION_FUNCTION: Final = "impl_paged_attention"
 """The name :func:`from_transformers` registers in transformers' ``AttentionInterface``."""
@@ -135,8 +151,8 @@ class TransformersModel(nn.Module):
 
     - :meth:`get_layer_stack`: the decoder (embedding, layers, final norm) with its attention
       through :func:`impl.paged_attention`.
-    - :meth:`compute_logits`: each request's last row through the LM head, with the final
-      logit softcap where the config has one (Gemma 2), as float32.
+    - :meth:`compute_logits`: each request's last row through the LM head, with the logit scale
+      (Cohere) and the final logit softcap (Gemma 2) where the model has them, as float32.
     """
 
     def __init__(self, hf_model: nn.Module, runner_config: RunnerConfig) -> None:
@@ -145,6 +161,7 @@ class TransformersModel(nn.Module):
         self._runner_config = runner_config
         self._stack = _TransformersStack(hf_model.get_decoder(), hf_model.config)
         self._final_softcap = getattr(hf_model.config, "final_logit_softcapping", None)
+        self._logit_scale = getattr(hf_model, "logit_scale", None)  # Cohere
 
     @property
     def runner_config(self) -> RunnerConfig:
@@ -161,6 +178,8 @@ class TransformersModel(nn.Module):
         else:
             last = hidden.index_select(0, batch.extend_start_loc + batch.extend_seq_lens - 1)
         logits = self.hf_model.get_output_embeddings()(last)
+        if self._logit_scale is not None:
+            logits = logits * self._logit_scale
         cap = self._final_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
@@ -176,10 +195,22 @@ def _refuse(feature: str) -> NotImplementedError:
 
 
 def _check_supported(hf_model: nn.Module, config: Any) -> None:
-    """:class:`NotImplementedError` naming the first feature the wrapper does not support."""
-    model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise _refuse(f"model_type {model_type!r} (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    """:class:`NotImplementedError` naming the first feature the wrapper does not support, before
+    any probe runs."""
+    if getattr(config, "is_encoder_decoder", False):
+        raise _refuse(f"encoder-decoder models ({type(hf_model).__name__}): a decoder-only "
+                      "*ForCausalLM is served")
+    if not getattr(hf_model, "_supports_attention_backend", False):
+        raise _refuse(f"{type(hf_model).__name__}: its attention does not go through "
+                      "transformers' attention-function registry")
+    for module in hf_model.modules():
+        if hasattr(module, "layer_idx") and hasattr(module, "scaling"):
+            if getattr(module, "sinks", None) is not None:
+                raise _refuse(f"attention sinks ({type(module).__name__}.sinks: the paged "
+                              "attention has no sink logits)")
+            if getattr(module, "is_causal", True) is False:
+                raise _refuse(f"non-causal attention ({type(module).__name__}.is_causal is "
+                              "False)")
     for name in _MOE_FIELDS:
         if getattr(config, name, None):
             raise _refuse(f"mixture of experts ({name}={getattr(config, name)!r})")
@@ -189,9 +220,6 @@ def _check_supported(hf_model: nn.Module, config: Any) -> None:
     for rope_type in _rope_types(config):
         if rope_type not in _ROPE_TYPES:
             raise _refuse(f"rope scaling {rope_type!r} (supported: {', '.join(_ROPE_TYPES)})")
-    if not getattr(hf_model, "_supports_attention_backend", False):
-        raise _refuse(f"{type(hf_model).__name__}: its attention does not go through "
-                      "transformers' attention-function registry")
 
 
 def _rope_types(config: Any) -> list[str]:
@@ -257,13 +285,16 @@ def from_transformers(hf_model: nn.Module, *, check: bool = True) -> Transformer
     """Wrap a transformers decoder-only ``*ForCausalLM`` for :class:`~impl.ModelRunner` and
     every graph runner: eager, decode graphs and breakable prefill.
 
-    Supported: :data:`SUPPORTED_MODEL_TYPES` (Llama, Qwen2, Qwen3, Mistral, Gemma 2), with
-    attention and final logit softcaps, ``query_pre_attn_scalar``, and sliding-window layers
-    from ``layer_types`` (one window per model; Mistral's ``sliding_window`` makes every layer a
-    sliding one). Anything else is refused with :class:`NotImplementedError` naming the feature,
-    never run silently wrong: another ``model_type``, rope scaling other than default, linear or
-    llama3, mixture of experts, ALiBi, windows of several sizes, layer types other than full and
-    sliding attention.
+    Any decoder whose attention goes through transformers' attention-function registry (the
+    generic path, see the module docstring); checked equal to transformers' greedy generation:
+    :data:`SUPPORTED_MODEL_TYPES` (Llama, Qwen2, Qwen3, Mistral, Gemma 2, Gemma 3 text, Phi-3,
+    SmolLM3, Cohere 2), with attention and final logit softcaps, ``query_pre_attn_scalar``,
+    logit scales, and sliding-window layers from ``layer_types`` (one window per model;
+    Mistral's ``sliding_window`` makes every layer a sliding one). Refused by name with
+    :class:`NotImplementedError` before anything runs, never run silently wrong:
+    encoder-decoder models, attention outside the registry, attention sinks (gpt-oss),
+    non-causal attention, rope scaling other than default, linear or llama3, mixture of experts,
+    ALiBi, windows of several sizes, layer types other than full and sliding attention.
 
     The decoder runs with the step's tokens packed in one row, its positions as
     ``position_ids``, ``use_cache=False`` and no mask: its attention goes through
