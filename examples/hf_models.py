@@ -31,6 +31,27 @@ _COMMON: dict[str, Any] = dict(
 )
 
 
+_TWO_KINDS = ["sliding_attention", "full_attention"]
+
+_FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "llama": ("LlamaForCausalLM", "LlamaConfig", {}),
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", {}),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config",
+              dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)),
+    "mistral": ("MistralForCausalLM", "MistralConfig", dict(sliding_window=WINDOW)),
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config",
+               dict(sliding_window=WINDOW, query_pre_attn_scalar=12, attn_logit_softcapping=5.0,
+                    final_logit_softcapping=3.0)),
+    "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig",
+               dict(sliding_window=WINDOW, query_pre_attn_scalar=12, layer_types=_TWO_KINDS)),
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", {}),
+    "smollm3": ("SmolLM3ForCausalLM", "SmolLM3Config", {}),
+    "cohere2": ("Cohere2ForCausalLM", "Cohere2Config",
+                dict(sliding_window=WINDOW, logit_scale=0.5, layer_types=_TWO_KINDS)),
+}
+"""Architecture -> (transformers model class, config class, what sets it apart)."""
+
+
 def build(
     arch: str, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
     seed: int = 0, **overrides: Any,
@@ -44,35 +65,11 @@ def build(
     config."""
     import transformers as tf
 
-    options = {**_COMMON}
-    if arch == "llama":
-        make, config_cls = tf.LlamaForCausalLM, tf.LlamaConfig
-    elif arch == "qwen2":
-        make, config_cls = tf.Qwen2ForCausalLM, tf.Qwen2Config
-    elif arch == "qwen3":
-        make, config_cls = tf.Qwen3ForCausalLM, tf.Qwen3Config
-        options.update(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
-    elif arch == "mistral":
-        make, config_cls = tf.MistralForCausalLM, tf.MistralConfig
-        options.update(sliding_window=WINDOW)
-    elif arch == "gemma2":
-        make, config_cls = tf.Gemma2ForCausalLM, tf.Gemma2Config
-        options.update(sliding_window=WINDOW, query_pre_attn_scalar=12,
-                       attn_logit_softcapping=5.0, final_logit_softcapping=3.0)
-    elif arch == "gemma3":
-        make, config_cls = tf.Gemma3ForCausalLM, tf.Gemma3TextConfig
-        options.update(sliding_window=WINDOW, query_pre_attn_scalar=12,
-                       layer_types=["sliding_attention", "full_attention"])
-    elif arch == "phi3":
-        make, config_cls = tf.Phi3ForCausalLM, tf.Phi3Config
-    elif arch == "smollm3":
-        make, config_cls = tf.SmolLM3ForCausalLM, tf.SmolLM3Config
-    elif arch == "cohere2":
-        make, config_cls = tf.Cohere2ForCausalLM, tf.Cohere2Config
-        options.update(sliding_window=WINDOW, logit_scale=0.5,
-                       layer_types=["sliding_attention", "full_attention"])
-    else:
+    if arch not in _FAMILIES:
         raise ValueError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")
+    model_name, config_name, extra = _FAMILIES[arch]
+    make, config_cls = getattr(tf, model_name), getattr(tf, config_name)
+    options = {**_COMMON, **extra}
     options.update(overrides)
     config = config_cls(**options)
     saved = torch.random.get_rng_state()
