@@ -336,7 +336,10 @@ class RunnersOptionalAPI(Protocol):
     ``capture_num_tokens=sizes``; ``Speculator``: greedy chain speculative decoding, built as
     ``Speculator(target_model_runner, draft_model_runner, K, graphs=, capture_bs=, hooks=,
     share_pool=)`` and run by ``impl.Scheduler(target, speculator=...)`` (``prefill``,
-    ``round``, ``release``, ``holding``, ``runners``: ``SPEC-*``); the rest: the vLLM-style
+    ``round``, ``release``, ``holding``, ``draft``: the draft's model runner, and ``runners``:
+    the graph runners made, verify first and draft extend last, each with ``decide``, ``run``,
+    ``replay`` and ``stats``, a fixed-width one's ``run`` giving its real rows' hidden states,
+    logits and tokens: ``SPEC-*``); the rest: the vLLM-style
     manager, built as ``CudaGraphManager(target, mode, capture_sizes=...)``."""
 
     BatchDescriptor: Any

@@ -34,9 +34,10 @@ def rows_view(batch: ForwardBatch) -> ForwardBatch:
 
 def fixed_width_forward(model: Any, batch: ForwardBatch, *, in_graph: bool,
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A fixed-width step: the metadata through the batch's own backend (with ``in_graph`` the
-    in-graph half only: the host half ran before), the layer stack, the head of every row and
-    its argmax: hidden states ``[T, H]``, float logits ``[T, vocab]``, tokens ``[T]``."""
+    """A step with every row's outputs (a fixed-width step, or a prefill whose hidden states a
+    draft reads): the metadata through the batch's own backend (with ``in_graph`` the in-graph
+    half only: the host half ran before), the layer stack, the head of every row and its
+    argmax: hidden states ``[T, H]``, float logits ``[T, vocab]``, tokens ``[T]``."""
     stack = resolve_layer_stack(model)
     assert stack is not None
     if in_graph:
@@ -78,8 +79,7 @@ class FixedWidthRecipe:
         sizes = default_decode_sizes(limit) if capture_bs is None else capture_bs
         self.sizes: list[int] = check_sizes("capture_bs", sizes, limit)
         self.max_bs = self.sizes[-1]
-        self.stack = resolve_layer_stack(target.model)
-        if self.stack is None:
+        if resolve_layer_stack(target.model) is None:
             raise ValueError(f"a {self.kind} graph captures the model's layer stack; "
                              "it has no get_layer_stack()")
 
