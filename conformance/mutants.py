@@ -739,17 +739,35 @@ def _stale_padded_rows(runner: Any, proceed: Any) -> impl.CudaGraphBufferRegistr
     return _with_hidden_states(registry, runner, "tokens", keep)
 
 
-def _steps_factor_dropped(runner: Any, proceed: Any) -> impl.CudaGraphBufferRegistry:
-    """The draft-decode registry with its cache locations sized for one step per request."""
-    recipe = runner.recipe
-    registry = impl.CudaGraphBufferRegistry(runner.device.device, recipe.max_bs, recipe.max_bs)
-    zero = impl.PaddingPolicy.ZERO
-    for name in ("input_ids", "positions", "req_pool_indices", "seq_lens"):
+def _draft_decode_registry(runner: Any, steps: int,
+                           rows: impl.PaddingPolicy) -> impl.CudaGraphBufferRegistry:
+    """A draft-decode registry like the reference's with ``steps`` cache locations per request
+    and ``rows`` the padding policy of the request rows."""
+    recipe, zero = runner.recipe, impl.PaddingPolicy.ZERO
+    registry = impl.CudaGraphBufferRegistry(runner.device.device, recipe.max_bs,
+                                            recipe.max_bs * steps)
+    for name, policy in (("input_ids", zero), ("positions", zero), ("req_pool_indices", rows)):
         registry.register_slot(impl.GraphSlot(name, _per_request, torch.int64, "bs",
-                                              padding_policy=zero))
+                                              padding_policy=policy))
+    registry.register_slot(impl.GraphSlot("seq_lens", _per_request, torch.int64, "bs",
+                                          padding_policy=impl.PaddingPolicy.FILL_SENTINEL,
+                                          pad_value=1))
     registry.register_slot(impl.GraphSlot("out_cache_loc", _ids, torch.int64, "tokens",
                                           padding_policy=zero))
     return _with_hidden_states(registry, runner, "bs", zero)
+
+
+def _steps_factor_dropped(runner: Any, proceed: Any) -> impl.CudaGraphBufferRegistry:
+    """The draft-decode registry with its cache locations sized for one step per request."""
+    return _draft_decode_registry(runner, 1, impl.PaddingPolicy.ZERO)
+
+
+def _stale_request_rows(runner: Any, proceed: Any) -> impl.CudaGraphBufferRegistry:
+    """The draft-decode registry with its padded request rows kept from the last fill (lengths
+    padded to 1, as the reference pads them): a padded row reads the KV of the request that
+    last held that row, not the dummy row's."""
+    return _draft_decode_registry(runner, runner.recipe.num_steps,
+                                  impl.PaddingPolicy.KEEP_PAD)
 
 
 class _FirstOutputs:
@@ -828,6 +846,9 @@ SPEC_MUTANTS: Final[dict[str, SpeculativeMutant]] = {
     }}),
     "steps_factor_dropped": SpeculativeMutant("SPEC-4", "SGLang #27338", lambda: {"hooks": {
         "draft_decode": {"build_registry": _steps_factor_dropped},
+    }}),
+    "stale_request_rows": SpeculativeMutant("SPEC-3", "vLLM #43682", lambda: {"hooks": {
+        "draft_decode": {"build_registry": _stale_request_rows},
     }}),
     "host_flag_baked": SpeculativeMutant("SPEC-6", "TensorRT-LLM #15775",
                                          draft=_host_flag_draft),

@@ -141,8 +141,12 @@ def test_speculative_graphs_equal_the_target_and_eager_speculation(
     assert not problems, "\n".join(problems)
 
 
+# A padded row that reads a live request's KV changes no live output: its test looks at the
+# padded rows themselves.
+_PADDED_READ_MUTANTS = ["stale_request_rows"]
 _EQUIVALENCE_MUTANTS = [name for name, m in SPEC_MUTANTS.items()
-                        if m.clause in ("SPEC-3", "SPEC-4", "SPEC-7", "SPEC-8")]
+                        if m.clause in ("SPEC-3", "SPEC-4", "SPEC-7", "SPEC-8")
+                        and name not in _PADDED_READ_MUTANTS]
 
 
 @pytest.mark.clause("SPEC-3", "SPEC-4", "SPEC-7", "SPEC-8")
@@ -154,6 +158,65 @@ def test_speculative_regressions(device: Any, runner_api: Any, variant: str) -> 
     _skip_foreign_mutant(runner_api, variant)
     problems = _check_equivalence(device, runner_api, "dense", "standalone", 3, variant,
                                   share_pool=False)
+    if variant == "reference":
+        assert not problems, "\n".join(problems)
+    else:
+        assert problems, f"mutant {variant!r} ({SPEC_MUTANTS[variant].bug}) was not detected"
+
+
+def _padded_rows(output: Any, batch: Any) -> torch.Tensor:
+    """The padded requests of a graph's output, one row each: a draft decode's tokens ``[bs,
+    steps]`` past the batch's requests, a fixed-width step's logits ``[W, vocab]`` past its
+    tokens."""
+    if isinstance(output, tuple):
+        width = batch.num_tokens // batch.batch_size
+        logits = output[1][batch.num_tokens:].float()
+        return logits.view(-1, width, logits.shape[-1])
+    return output[batch.batch_size:]
+
+
+@pytest.mark.clause("SPEC-3")
+@pytest.mark.parametrize("variant", ["reference", *_PADDED_READ_MUTANTS])
+def test_padded_rows_read_only_fill_values(device: Any, runner_api: Any, variant: str) -> None:
+    """Graphs of four requests only, serving rounds of four down to one (requests leaving, so
+    every padded row once held a request), every graph's token ids set to 0 before each round
+    (the padded rows' tokens may be whatever a fill left: they write the dummy slot only):
+    every padded request of every replay gives the same output, since it reads only fill
+    values and the dummy row (a padded row reading the KV of whichever request last held its
+    row does not, vLLM #43682)."""
+    if runner_api is not impl:
+        pytest.skip("the padded rows are read through impl's ladder hooks")
+    runner, made = _speculate(device, runner_api, "dense", "standalone", 3, graphs=True,
+                              capture_bs=[4], variant=variant)
+    seen: dict[str, list[torch.Tensor]] = {}
+
+    def recorder(kind: str) -> Any:
+        def record(ladder: Any, proceed: Any, output: Any, batch: Any) -> Any:
+            seen.setdefault(kind, []).extend(_padded_rows(output, batch).unbind(0))
+            return proceed(output, batch)
+        return record
+
+    for ladder in made.runners:
+        ladder.register_hook("outputs", recorder(ladder.recipe.kind))
+    round_of = made.round
+
+    def round_from_zero_ids(requests: Any) -> Any:
+        for ladder in made.runners:
+            ladder.registry.get_slot("input_ids").buffer.zero_()
+        return round_of(requests)
+
+    made.round = round_from_zero_ids
+    _generate(runner, made, PROMPTS[:4], [4, 13, 7, 10])
+    assert set(seen) == {ladder.recipe.kind for ladder in made.runners}, (
+        f"padded rows seen only for {sorted(seen)}")
+    problems = []
+    for kind, rows in seen.items():
+        for i, row in enumerate(rows[1:], 1):
+            try:
+                expect_close(row, rows[0], f"{kind}: padded request {i}")
+            except AssertionError as error:
+                problems.append(str(error))
+                break
     if variant == "reference":
         assert not problems, "\n".join(problems)
     else:
