@@ -81,11 +81,15 @@ from typing import Any, Final
 import torch
 
 import impl
+import spec
 from spec import DeviceModule
 from spec.contracts import BREAKABLE_NAMES, BREAKABLE_OPTIONAL_NAMES
 
 __all__ = [
+    "DECISION_MUTANTS",
     "DECODE_MUTANTS",
+    "EP_MUTANTS",
+    "ExpertMutant",
     "GENERATION_MUTANTS",
     "MUTANTS",
     "PREFILL_MUTANTS",
@@ -632,6 +636,17 @@ class _EagerOnOneRank(impl.BreakableCudaGraphRunner):
         return key
 
 
+class _AgreesOnBatchSizeOnly(impl.BreakableCudaGraphRunner):
+    """Exchanges only the batch size: ranks holding as many requests with other token counts
+    (or modes) each pick their own graph, and their collectives no longer pair up."""
+
+    def decide(self, batch: Any) -> int | None:
+        every = self.communicator.exchange(batch.batch_size)
+        if any(v != every[0] for v in every):
+            raise spec.DecisionMismatch("the step's batch size", tuple(every))
+        return self.local_key(batch)
+
+
 def _warmup_on_rank_0(runner: Any, proceed: Any, batch: Any) -> None:
     # One more eager forward before capture on rank 0 only: its collectives have no partner
     # (ScaleLLM #131, a capture stuck with several GPUs).
@@ -668,6 +683,53 @@ TP_MUTANTS: Final[dict[str, tuple[str, str, dict[str, Callable[..., Any]]]]] = {
 runner factories). Each is a reference runner with one public method overridden (or a hook)
 so that one rank leaves the lockstep; on the multi-rank fake each is named as a
 :class:`spec.CollectiveMismatch` on every rank."""
+
+
+DECISION_MUTANTS: Final[dict[str, tuple[str, str, dict[str, Callable[..., Any]]]]] = {
+    "agrees_on_batch_size_only": ("TP-2", "a decision exchange comparing only the batch size", {
+        "prefill_runner": lambda target, sizes: _AgreesOnBatchSizeOnly(
+            target, capture_num_tokens=sizes),
+    }),
+}
+"""Decision mutant name -> (clause, field bug, ``ModelRunner`` runner factories): a runner
+whose ranks agree on part of the step only. Ranks with the same number of requests and other
+token counts pass its check and launch different graphs: a :class:`spec.CollectiveMismatch`
+on the multi-rank fake (``test_equal_batch_sizes_with_other_tokens_never_launch_apart``)."""
+
+
+def _padding_counted_as_load(model: Any) -> Any:
+    """Every mixture-of-experts layer of ``model`` counts every routed row as load, padded
+    rows included."""
+    for module in model.modules():
+        if isinstance(module, (impl.MoE, impl.ExpertParallelMoE)):
+            count = module.count_load
+
+            def counting_padding(experts: Any, real: Any, count: Any = count) -> Any:
+                return count(experts, torch.ones_like(real))
+
+            module.count_load = counting_padding
+    return model
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertMutant:
+    """An expert-parallel regression: the clause it breaks, the field bug, the
+    ``expert_capacity`` it shards with (``None``: the reference's) and how it changes the
+    sharded model (``model``, or ``None``)."""
+
+    clause: str
+    bug: str
+    expert_capacity: int | None = None
+    model: Callable[[Any], Any] | None = None
+
+
+EP_MUTANTS: Final[dict[str, ExpertMutant]] = {
+    "capacity_below_padded_tokens": ExpertMutant("EP-2", "SGLang #29942", expert_capacity=2),
+    "padding_counted_as_load": ExpertMutant("EP-3", "vLLM #38128",
+                                            model=_padding_counted_as_load),
+}
+"""Expert-parallel mutant name -> :class:`ExpertMutant`, each caught at core on the multi-rank
+fake by the test of its clause in ``conformance/tests/parallel/test_expert_parallel.py``."""
 
 
 class StagingWithoutWait(impl.OverlapStepper):

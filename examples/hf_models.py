@@ -15,7 +15,7 @@ import torch
 import impl
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "smollm3",
-                 "cohere2")
+                 "cohere2", "qwen3_moe", "mixtral")
 """The architectures :func:`build` makes, each with what sets it apart switched on."""
 
 WINDOW = 6
@@ -48,6 +48,11 @@ _FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "smollm3": ("SmolLM3ForCausalLM", "SmolLM3Config", {}),
     "cohere2": ("Cohere2ForCausalLM", "Cohere2Config",
                 dict(sliding_window=WINDOW, logit_scale=0.5, layer_types=_TWO_KINDS)),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig",
+                  dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                       decoder_sparse_step=1, norm_topk_prob=True)),
+    "mixtral": ("MixtralForCausalLM", "MixtralConfig",
+                dict(num_local_experts=4, num_experts_per_tok=2)),
 }
 """Architecture -> (transformers model class, config class, what sets it apart)."""
 
@@ -61,8 +66,8 @@ def build(
     Mistral with every layer sliding; Gemma 2 with alternating sliding layers, attention and
     final logit softcaps and ``query_pre_attn_scalar``; Gemma 3 (text) with a sliding and a
     full layer (each with its own rope); Phi-3 (fused projections); SmolLM3 (layers without
-    rope); Cohere 2 with a sliding and a full layer and a logit scale. ``overrides`` go into the
-    config."""
+    rope); Cohere 2 with a sliding and a full layer and a logit scale; Qwen3-MoE and Mixtral with
+    four experts, two per token, in every layer. ``overrides`` go into the config."""
     import transformers as tf
 
     if arch not in _FAMILIES:

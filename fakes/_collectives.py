@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from spec.errors import CollectiveMismatch
+from spec.errors import CapacityExceeded, CollectiveMismatch
 from spec.parallel import CollectiveKind, CollectiveMode, CollectiveRecord
 
 from ._device import FakeDevice
@@ -63,8 +63,23 @@ def _all_gather_meta(x: torch.Tensor, group: int, rank: int, world_size: int) ->
     return x.new_empty((world_size, *x.shape))
 
 
-_OPS = (torch.ops.cudagraph_fake.all_reduce_.default, torch.ops.cudagraph_fake.all_gather.default)
-_KINDS: dict[Any, CollectiveKind] = {_OPS[0]: "all_reduce", _OPS[1]: "all_gather"}
+@torch.library.custom_op("cudagraph_fake::all_to_all", mutates_args=())
+def _all_to_all(x: torch.Tensor, counts: torch.Tensor, group: int,
+                rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _member(group, rank).exchange_slabs(x, counts)
+
+
+@_all_to_all.register_fake
+def _all_to_all_meta(x: torch.Tensor, counts: torch.Tensor, group: int,
+                     rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.new_empty(x.shape), counts.new_empty(counts.shape)
+
+
+_OPS = (torch.ops.cudagraph_fake.all_reduce_.default, torch.ops.cudagraph_fake.all_gather.default,
+        torch.ops.cudagraph_fake.all_to_all.default)
+_KINDS: dict[Any, CollectiveKind] = {_OPS[0]: "all_reduce", _OPS[1]: "all_gather",
+                                     _OPS[2]: "all_to_all"}
+_GROUP_ARG = {_OPS[0]: 1, _OPS[1]: 1, _OPS[2]: 2}  # where the group id and rank follow
 
 
 def _member(group: int, rank: int) -> FakeCommunicator:
@@ -81,7 +96,8 @@ def _member(group: int, rank: int) -> FakeCommunicator:
 def _captured_collective(recorder: Recorder, func: Any, args: Any, kwargs: Any) -> Any:
     """A collective issued on a capturing stream: matched with the other ranks as a
     ``"capture"`` call (every rank must capture it at the same point), then recorded."""
-    x, group, rank = args[0], args[1], args[2]
+    x = args[0]
+    group, rank = args[_GROUP_ARG[func]], args[_GROUP_ARG[func] + 1]
     _member(group, rank).group.call(
         rank, _KINDS[func], None, tuple(x.shape), _dtype_name(x), "capture",
         recorder.capture.label,
@@ -214,10 +230,11 @@ class FakeProcessGroup:
 class FakeCommunicator:
     """One rank's :class:`spec.Communicator` on the multi-rank fake.
 
-    ``all_reduce`` and ``all_gather`` call custom ops (``cudagraph_fake::*``) that a capture on
-    the rank's device records and its replays run; every call, eager, captured or replayed, is
-    matched with the other ranks' calls (``TP-7``). ``barrier`` and ``exchange`` are host calls
-    matched the same way. Sums are taken in rank order, so every rank gets the same bits.
+    ``all_reduce``, ``all_gather`` and ``all_to_all`` call custom ops (``cudagraph_fake::*``)
+    that a capture on the rank's device records and its replays run; every call, eager,
+    captured or replayed, is matched with the other ranks' calls (``TP-7``). ``barrier`` and
+    ``exchange`` are host calls matched the same way. Sums are taken in rank order, so every
+    rank gets the same bits.
     """
 
     def __init__(self, group: FakeProcessGroup, rank: int, device: FakeDevice) -> None:
@@ -241,6 +258,20 @@ class FakeCommunicator:
         )
         return torch.cat(stacked.unbind(0), dim=dim)
 
+    def all_to_all(self, x: torch.Tensor,
+                   counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slab ``w`` of ``x`` (``[world, local_experts, capacity, ...]``) to rank ``w``, with
+        its ``counts`` (``[world, local_experts]``); every rank's slab for this rank and their
+        counts, in source-rank order. :class:`spec.CapacityExceeded` on every rank when any
+        rank's count exceeds the capacity (``EP-2``), eagerly and at every replay."""
+        if x.dim() < 3 or x.shape[0] != self.world_size or \
+                tuple(counts.shape) != tuple(x.shape[:2]):
+            raise ValueError(
+                f"all_to_all takes x [world={self.world_size}, local_experts, capacity, ...] and "
+                f"counts [world, local_experts], got {tuple(x.shape)} and {tuple(counts.shape)}")
+        return torch.ops.cudagraph_fake.all_to_all(x.contiguous(), counts.contiguous(),
+                                                   self.group.id, self.rank)
+
     def barrier(self) -> None:
         """Return once every rank called it."""
         self.group.call(self.rank, "barrier", None, None, None, "eager", None)
@@ -252,15 +283,28 @@ class FakeCommunicator:
         values = self.group.call(self.rank, "exchange", sent, None, None, "eager", None)
         return [pickle.loads(v) for v in values]
 
-    def device_call(self, kind: CollectiveKind, x: torch.Tensor) -> torch.Tensor:
-        """The kernel of a device collective, run eagerly or by a replay: matched, then the sum
-        (``all_reduce``) or the stack (``all_gather``) of every rank's ``x``."""
+    def exchange_slabs(self, x: torch.Tensor,
+                       counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kernel of an all-to-all, run eagerly or by a replay: matched, every rank's
+        counts checked against the capacity, then each source rank's slab for this rank."""
+        values = self._matched("all_to_all", x, (x.detach().clone(), counts.detach().clone()))
+        capacity = x.shape[2]
+        if any(int(c.max()) > capacity for _, c in values):
+            raise CapacityExceeded(capacity, tuple(c.tolist() for _, c in values))
+        return (torch.stack([slabs[self.rank] for slabs, _ in values]),
+                torch.stack([c[self.rank] for _, c in values]))
+
+    def _matched(self, kind: CollectiveKind, x: torch.Tensor, payload: Any) -> list[Any]:
         graph = self.device.replaying_graph()
         mode: CollectiveMode = "eager" if graph is None else "replay"
         label = None if graph is None else repr(graph).rsplit(" ", 1)[0] + ">"
-        values = self.group.call(
-            self.rank, kind, x.detach().clone(), tuple(x.shape), _dtype_name(x), mode, label,
-        )
+        return self.group.call(self.rank, kind, payload, tuple(x.shape), _dtype_name(x), mode,
+                               label)
+
+    def device_call(self, kind: CollectiveKind, x: torch.Tensor) -> torch.Tensor:
+        """The kernel of a device collective, run eagerly or by a replay: matched, then the sum
+        (``all_reduce``) or the stack (``all_gather``) of every rank's ``x``."""
+        values = self._matched(kind, x, x.detach().clone())
         if kind == "all_gather":
             return torch.stack(values)
         total = values[0].clone()

@@ -30,6 +30,7 @@ from .breakable import (
 from .cuda import CudaDevice
 from .models import (
     ATTENTION_FUNCTION,
+    EXPERTS_IMPLEMENTATION,
     SUPPORTED_MODEL_TYPES,
     AttentionMetadata,
     CausalLM,
@@ -41,6 +42,7 @@ from .models import (
     LayerStack,
     ModelConfig,
     ModelKind,
+    MoE,
     TorchAttentionBackend,
     TransformersModel,
     build_model,
@@ -51,6 +53,7 @@ from .models import (
 )
 from .parallel import (
     TP_KINDS,
+    ExpertParallelMoE,
     RowParallelLinear,
     StepDecision,
     TensorParallelCausalLM,
@@ -136,6 +139,8 @@ __all__ = [
     "DRAFT_DECODE_STEPS",
     "DecodeRecipe",
     "DraftDecodeRecipe",
+    "EXPERTS_IMPLEMENTATION",
+    "ExpertParallelMoE",
     "FIXED_WIDTH_STEPS",
     "FillContext",
     "FixedWidthRecipe",
@@ -152,6 +157,7 @@ __all__ = [
     "KVCache",
     "KVCacheFactory",
     "LayerStack",
+    "MoE",
     "ModelConfig",
     "ModelKind",
     "ModelRunner",

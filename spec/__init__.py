@@ -9,6 +9,7 @@ from . import (  # noqa: F401
     _clauses_breakable,
     _clauses_device,
     _clauses_errors,
+    _clauses_expert,
     _clauses_lifecycle,
     _clauses_models,
     _clauses_parallel,
@@ -43,6 +44,7 @@ from .contracts import (
 from .devices import device_names, get_device, register_device
 from .errors import (
     AttentionInSegment,
+    CapacityExceeded,
     CaptureError,
     CaptureInvalidated,
     CollectiveMismatch,
@@ -87,6 +89,7 @@ __all__ = [
     "BreakableAPI",
     "BreakableOptionalAPI",
     "CLAUSES",
+    "CapacityExceeded",
     "CaptureError",
     "CaptureErrorMode",
     "CaptureInvalidated",

@@ -19,7 +19,10 @@ define(
             the registry's fill values in its padded rows and writes no live request's KV slot:
             after a step of fewer requests than an earlier one, every live request's KV is
             unchanged except at the positions the step wrote (vLLM #47066, stale padded rows of
-            a draft mapping writing a live request's rows)."""),
+            a draft mapping writing a live request's rows); every padded request of every
+            replay of one graph gives the same output, whatever request last held its row
+            (vLLM #43682, padded rows' lengths raised from 0 to 1 reading a live block-table
+            row)."""),
         ("SPEC-4", """Worst-case buffers: every speculative input buffer is sized for the largest
             captured batch at the largest width (the draft decode's cache locations for bs * K - 1
             steps), so a round of the most requests is served by its graphs with the eager

@@ -23,6 +23,7 @@ __all__ = [
     "CaptureInvalidated",
     "CollectiveMismatch",
     "DecisionMismatch",
+    "CapacityExceeded",
     "DefaultStreamCapture",
     "FreedMemoryAccess",
     "GraphError",
@@ -547,3 +548,26 @@ class DecisionMismatch(CollectiveMismatch):
         GraphError.__init__(
             self, f"ranks cannot agree on {what or 'a decision'}: {shown}", detail=detail
         )
+
+
+class CapacityExceeded(CollectiveMismatch):
+    """A rank dispatched more rows to an expert than the all-to-all's fixed capacity holds
+    (``EP-2``): the rows past the capacity are dropped, and the tokens they carry lose that
+    expert's output, silently on a GPU (a capacity below ``bs * draft width``: SGLang
+    #29942). Raised on every rank by a multi-rank device that reads the exchanged counts, at
+    an eager call and at every replay (the counts are device data). ``counts`` holds, per
+    rank, its counts ``[world, local_experts]`` as lists; ``capacity`` the slab's rows."""
+
+    clause = "EP-2"
+
+    def __init__(self, capacity: int = 0, counts: tuple[Any, ...] = (), *,
+                 detail: str | None = None) -> None:
+        self.capacity = capacity
+        self.counts = counts
+        self.index, self.sequences, self.left = None, (), {}
+        worst = [max((max(row) for row in c), default=0) for c in counts]
+        shown = "; ".join(f"rank {r}: {c}" for r, c in enumerate(counts))
+        GraphError.__init__(
+            self, f"an all-to-all slab of capacity {capacity} was sent up to {max(worst or [0])} "
+            f"rows for one expert (counts per rank, [destination][local expert]: {shown})",
+            detail=detail)

@@ -18,9 +18,11 @@ import torch
 
 __all__ = ["CollectiveKind", "CollectiveMode", "CollectiveRecord", "Communicator"]
 
-CollectiveKind = Literal["all_reduce", "all_gather", "barrier", "exchange"]
+CollectiveKind = Literal["all_reduce", "all_gather", "all_to_all", "barrier", "exchange"]
 """What a communicator call does: a device sum (``all_reduce``), a device gather
-(``all_gather``), a host barrier, or a host exchange of Python values (``exchange``)."""
+(``all_gather``), a fixed-capacity device exchange of slabs (``all_to_all``: expert
+parallelism's dispatch and combine), a host barrier, or a host exchange of Python values
+(``exchange``)."""
 
 CollectiveMode = Literal["eager", "capture", "replay"]
 """How a device collective was issued: run now, recorded into a graph being captured, or run by
@@ -36,6 +38,15 @@ class Communicator(Protocol):
       returns ``x``). Recordable in a graph: a captured all-reduce runs at every replay.
     - ``all_gather(x, dim)``: every rank's ``x`` concatenated along ``dim`` in rank order, a
       new tensor. Recordable in a graph.
+    - ``all_to_all(x, counts)``: expert parallelism's fixed-capacity exchange (dispatch and
+      combine, DeepEP low-latency style). ``x`` ``[world, local_experts, capacity, *rest]``:
+      slab ``w`` goes to rank ``w``; ``counts`` ``[world, local_experts]`` (int): how many of
+      each slab's ``capacity`` rows are filled (a count above ``capacity`` means rows were
+      dropped). Returns new tensors: the slabs every rank sent this rank, in source-rank order
+      (``[world, local_experts, capacity, *rest]``) and their counts (``[world,
+      local_experts]``). Shapes are fixed, counts are device data: recordable in a graph. A
+      multi-rank device may raise :class:`spec.CapacityExceeded` on every rank when a count
+      exceeds the capacity (``EP-2``).
     - ``barrier()``: returns once every rank has called it. Host-side: never inside a capture's
       recorded work (a runner calls it between captures, and a breakable capture at each break).
     - ``exchange(value)``: every rank's ``value`` (a picklable host value), in rank order, on
@@ -51,6 +62,9 @@ class Communicator(Protocol):
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor: ...
 
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor: ...
+
+    def all_to_all(self, x: torch.Tensor,
+                   counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def barrier(self) -> None: ...
 

@@ -47,6 +47,7 @@ THIRD_PARTY = {
     "_op_dk": "torch's OpOverload dispatch-key lookup, the fake's CompositeImplicit check",
     "_neg_view": "torch's Tensor._neg_view: a mutant builds a negative-bit view with it",
     "_attn_implementation": "transformers' config switch selecting the attention function",
+    "_experts_implementation": "transformers' config switch selecting the experts function",
 }
 """Private members of torch and transformers that the code reads or calls, by name."""
 

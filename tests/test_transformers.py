@@ -189,6 +189,24 @@ def test_unsupported_features_are_refused_by_name(arch: str, overrides: dict[str
         impl.from_transformers(hf_models.build(arch, **overrides))
 
 
+def test_experts_run_batched_in_the_wrappers_calls_only() -> None:
+    """A mixture of experts: the wrapper's calls run the experts through transformers'
+    batched implementation (no host read of the routing, so graphs capture it); the user's
+    model keeps its own outside them."""
+    hf = hf_models.build("qwen3_moe")
+    own = hf.config._experts_implementation
+    seen: list[str] = []
+    experts = next(m for m in hf.modules() if type(m).__name__.endswith("Experts"))
+    experts.register_forward_hook(lambda m, args, out: seen.append(
+        m.config._experts_implementation))
+    model = impl.from_transformers(hf, check=False)
+    runner = _runner(model, fakes.FakeDevice(), "graphs")
+    impl.Scheduler(runner).generate([[1, 2, 3]], 2)
+    assert seen and set(seen) == {impl.EXPERTS_IMPLEMENTATION}, seen
+    assert hf.config._experts_implementation == own
+    assert runner.stats.graph_replays > 0
+
+
 def test_sliding_windows_of_two_sizes_are_refused() -> None:
     hf = hf_models.build("qwen3", max_window_layers=0)
     hf.model.layers[0].self_attn.sliding_window = hf_models.WINDOW - 2

@@ -7,8 +7,10 @@ from ._context import ForwardContext, get_forward_context, set_forward_context
 from ._kv_cache import HybridSWAKVCache, KVCache
 from ._layers import AttentionMixer, DecoderLayer, RecurrentMixer, SwiGLU, paged_attention
 from ._model import CausalLM, LayerStack, ModelConfig, ModelKind, build_model
+from ._moe import MoE, one_hot, real_tokens, route, routed_rows
 from ._transformers import (
     ATTENTION_FUNCTION,
+    EXPERTS_IMPLEMENTATION,
     SUPPORTED_MODEL_TYPES,
     TransformersModel,
     from_transformers,
@@ -20,12 +22,14 @@ __all__ = [
     "AttentionMixer",
     "CausalLM",
     "DecoderLayer",
+    "EXPERTS_IMPLEMENTATION",
     "ForwardBatch",
     "ForwardContext",
     "ForwardMode",
     "HybridSWAKVCache",
     "KVCache",
     "LayerStack",
+    "MoE",
     "ModelConfig",
     "ModelKind",
     "RecurrentMixer",
@@ -37,6 +41,10 @@ __all__ = [
     "from_transformers",
     "get_forward_context",
     "host_to_device",
+    "one_hot",
     "paged_attention",
+    "real_tokens",
+    "route",
+    "routed_rows",
     "set_forward_context",
 ]

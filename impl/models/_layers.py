@@ -267,12 +267,13 @@ class RecurrentMixer(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm residual block: ``x + mixer(norm(x))`` then ``x + mlp(norm(x))``."""
 
-    def __init__(self, mixer: nn.Module, hidden: int, intermediate: int) -> None:
+    def __init__(self, mixer: nn.Module, hidden: int, intermediate: int, *,
+                 mlp: nn.Module | None = None) -> None:
         super().__init__()
         self.input_norm = RMSNorm(hidden)
         self.mixer = mixer
         self.post_norm = RMSNorm(hidden)
-        self.mlp = SwiGLU(hidden, intermediate)
+        self.mlp = mlp if mlp is not None else SwiGLU(hidden, intermediate)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         x = x + self.mixer(positions, self.input_norm(x))

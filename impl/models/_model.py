@@ -19,10 +19,11 @@ from spec import RunnerConfig
 
 from ._batch import ForwardBatch
 from ._layers import AttentionMixer, DecoderLayer, RecurrentMixer, RMSNorm, Rotary
+from ._moe import MoE
 
 __all__ = ["CausalLM", "LayerStack", "ModelConfig", "ModelKind", "build_model"]
 
-ModelKind = Literal["dense", "hybrid_swa", "recurrent", "two_half_metadata", "draft"]
+ModelKind = Literal["dense", "hybrid_swa", "recurrent", "two_half_metadata", "draft", "moe"]
 """What :func:`build_model` builds:
 
 - ``"dense"``: RMSNorm, rotary positions, GQA attention, SwiGLU MLP in every layer.
@@ -32,6 +33,9 @@ ModelKind = Literal["dense", "hybrid_swa", "recurrent", "two_half_metadata", "dr
   reads the full metadata that the in-graph half builds.
 - ``"draft"``: an Eagle-style draft model: one decoder layer fed the token embedding
   concatenated with the target model's hidden state (``batch.hidden_states``).
+- ``"moe"``: the dense model with a mixture of experts (:class:`~impl.models.MoE`: top-k
+  routed SwiGLU experts, ``num_experts`` of ``intermediate_size``, ``num_experts_per_tok`` per
+  token) in place of every layer's MLP.
 """
 
 _KINDS = get_args(ModelKind)
@@ -55,6 +59,8 @@ class ModelConfig:
     sliding_window: int | None
     layer_types: tuple[str, ...]
     long_rope_threshold: int | None = None
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
 
     @property
     def is_hybrid_swa(self) -> bool:
@@ -96,7 +102,9 @@ class LayerStack(nn.Module):
             else:
                 mixer = AttentionMixer(i, h, config.num_heads, config.num_kv_heads,
                                        config.head_dim, rotary, compressor=config.compressor)
-            layers.append(DecoderLayer(mixer, h, config.intermediate_size))
+            mlp = (MoE(h, config.intermediate_size, config.num_experts,
+                       config.num_experts_per_tok) if config.kind == "moe" else None)
+            layers.append(DecoderLayer(mixer, h, config.intermediate_size, mlp=mlp))
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(h)
 
@@ -178,6 +186,8 @@ def build_model(
     head_dim: int | None = None,
     sliding_window: int | None = None,
     long_rope_threshold: int | None = None,
+    num_experts: int = 4,
+    num_experts_per_tok: int = 2,
     seed: int = 0,
     device: torch.device | str,
     dtype: torch.dtype = torch.float32,
@@ -190,7 +200,9 @@ def build_model(
 
     ``head_dim`` defaults to ``hidden_size // num_heads``, ``intermediate_size`` to twice the
     hidden size; ``hybrid_swa`` needs ``sliding_window``. ``long_rope_threshold`` turns on the
-    LongRoPE-style switch of the rotary embedding (see ``RUN-3``). The same arguments and seed
+    LongRoPE-style switch of the rotary embedding (see ``RUN-3``). ``num_experts`` and
+    ``num_experts_per_tok`` shape the ``moe`` kind's experts (others ignore them). The same
+    arguments and seed
     give the same weights on every device, and on every thread: the seeded draws from torch's
     process-wide generator are serialised, so ranks of the multi-rank fake may build their
     models at once (a thread drawing random numbers meanwhile outside ``build_model`` would
@@ -225,6 +237,8 @@ def build_model(
         intermediate_size=intermediate_size or 2 * hidden_size, vocab_size=vocab_size,
         sliding_window=sliding_window if kind == "hybrid_swa" else None, layer_types=types,
         long_rope_threshold=long_rope_threshold,
+        num_experts=_positive("num_experts", num_experts) if kind == "moe" else 0,
+        num_experts_per_tok=num_experts_per_tok if kind == "moe" else 0,
     )
     # The seeded draws use the process-wide CPU generator, seeded then restored: under a lock,
     # so that models built on several threads at once (ranks of the multi-rank fake) each get

@@ -15,6 +15,12 @@ family          what the wrapper adds
 Gemma 2         the final logit softcap (``final_logit_softcapping``) after the LM head
 Cohere, Cohere 2  the logit scale (the model's ``logit_scale``) after the LM head
 ==============  ===========================================================================
+
+Mixture-of-experts decoders (Qwen3-MoE, Mixtral) keep their own router and experts; the
+wrapper's calls switch the experts to transformers' ``"batched_mm"`` implementation
+(:data:`EXPERTS_IMPLEMENTATION`: every token through its top-k experts' weights in batched
+matmuls, no host read of the routing), because the default loop over the experts a step hit
+reads the routing on the host, which a graph cannot capture.
 """
 
 from __future__ import annotations
@@ -35,10 +41,12 @@ from ._context import get_forward_context
 from ._layers import paged_attention
 from ._wrap_check import check_against_eager
 
-__all__ = ["ATTENTION_FUNCTION", "SUPPORTED_MODEL_TYPES", "TransformersModel", "from_transformers"]
+__all__ = ["ATTENTION_FUNCTION", "EXPERTS_IMPLEMENTATION", "SUPPORTED_MODEL_TYPES",
+           "TransformersModel", "from_transformers"]
 
 SUPPORTED_MODEL_TYPES: Final[tuple[str, ...]] = (
-    "cohere2", "gemma2", "gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3", "smollm3",
+    "cohere2", "gemma2", "gemma3_text", "llama", "mistral", "mixtral", "phi3", "qwen2", "qwen3",
+    "qwen3_moe", "smollm3",
 )
 """The ``model_type`` values checked to equal transformers' own greedy generation (the tests,
 on the fake and on CUDA). Other decoders whose attention goes through transformers'
@@ -47,6 +55,10 @@ time (:func:`from_transformers`'s self-check)."""
 
 ATTENTION_FUNCTION: Final = "impl_paged_attention"
 """The name :func:`from_transformers` registers in transformers' ``AttentionInterface``."""
+
+EXPERTS_IMPLEMENTATION: Final = "batched_mm"
+"""transformers' experts implementation the wrapper's calls of a mixture-of-experts model use:
+static shapes, the routing stays on the device (graph-capturable)."""
 
 _ROPE_TYPES = ("default", "linear", "llama3")
 _LAYER_TYPES = {"full_attention": "full", "sliding_attention": "swa"}
@@ -107,19 +119,27 @@ _SWITCH = threading.RLock()
 
 
 @contextlib.contextmanager
-def _attending_with(config: Any, implementation: str) -> Iterator[None]:
-    """The model's attention routed to ``implementation`` for the body only (the wrapper's own
-    calls: :data:`ATTENTION_FUNCTION`; the self-check's reference: ``"eager"``): the user's
-    model attends as before outside them. The switch is an attribute of the shared config, so
-    these calls are serialised by a lock; the user's own calls of the same model must not run
-    concurrently with them."""
+def _attending_with(config: Any, implementation: str,
+                    experts: str | None = None) -> Iterator[None]:
+    """The model's attention routed to ``implementation`` (and, with ``experts``, its
+    mixture-of-experts layers to that experts implementation) for the body only (the wrapper's
+    own calls: :data:`ATTENTION_FUNCTION` and :data:`EXPERTS_IMPLEMENTATION`; the self-check's
+    reference: ``"eager"`` and the model's own experts): the user's model runs as before
+    outside them. The switches are attributes of the shared config, so these calls are
+    serialised by a lock; the user's own calls of the same model must not run concurrently
+    with them."""
     with _SWITCH:
         before = config._attn_implementation
+        experts_before = config._experts_implementation if experts is not None else None
         config._attn_implementation = implementation
+        if experts is not None:
+            config._experts_implementation = experts
         try:
             yield
         finally:
             config._attn_implementation = before
+            if experts is not None:
+                config._experts_implementation = experts_before
 
 
 class _TransformersStack(nn.Module):
@@ -131,12 +151,13 @@ class _TransformersStack(nn.Module):
         super().__init__()
         self.decoder = decoder
         self._config = config
+        self._experts = EXPERTS_IMPLEMENTATION if _is_moe(config) else None
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor,
         hidden_states: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        with _attending_with(self._config, ATTENTION_FUNCTION):
+        with _attending_with(self._config, ATTENTION_FUNCTION, self._experts):
             out = self.decoder(
                 input_ids=input_ids.unsqueeze(0), position_ids=positions.unsqueeze(0),
                 use_cache=False,
@@ -211,15 +232,35 @@ def _check_supported(hf_model: nn.Module, config: Any) -> None:
             if getattr(module, "is_causal", True) is False:
                 raise _refuse(f"non-causal attention ({type(module).__name__}.is_causal is "
                               "False)")
-    for name in _MOE_FIELDS:
-        if getattr(config, name, None):
-            raise _refuse(f"mixture of experts ({name}={getattr(config, name)!r})")
+    if _is_moe(config) and not _experts_switchable(hf_model, config):
+        field = next(name for name in _MOE_FIELDS if getattr(config, name, None))
+        raise _refuse(f"mixture of experts ({field}={getattr(config, field)!r}) whose experts "
+                      f"do not go through transformers' experts implementations (no "
+                      f"{EXPERTS_IMPLEMENTATION!r}): their default loop reads the routing on "
+                      "the host")
     if getattr(config, "alibi", False) or getattr(config, "position_embedding_type", None) == \
             "alibi":
         raise _refuse("ALiBi position biases")
     for rope_type in _rope_types(config):
         if rope_type not in _ROPE_TYPES:
             raise _refuse(f"rope scaling {rope_type!r} (supported: {', '.join(_ROPE_TYPES)})")
+
+
+def _is_moe(config: Any) -> bool:
+    return any(getattr(config, name, None) for name in _MOE_FIELDS)
+
+
+def _experts_switchable(hf_model: nn.Module, config: Any) -> bool:
+    """Whether the model's experts dispatch on the config's ``_experts_implementation`` (they
+    have transformers' experts decorator) and :data:`EXPERTS_IMPLEMENTATION` is registered."""
+    try:
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    except ImportError:
+        return False
+    if EXPERTS_IMPLEMENTATION not in ALL_EXPERTS_FUNCTIONS or \
+            not hasattr(config, "_experts_implementation"):
+        return False
+    return any(hasattr(m, "_is_expert_parallel") for m in hf_model.modules())
 
 
 def _rope_types(config: Any) -> list[str]:
@@ -288,19 +329,23 @@ def from_transformers(hf_model: nn.Module, *, check: bool = True) -> Transformer
     Any decoder whose attention goes through transformers' attention-function registry (the
     generic path, see the module docstring); checked equal to transformers' greedy generation:
     :data:`SUPPORTED_MODEL_TYPES` (Llama, Qwen2, Qwen3, Mistral, Gemma 2, Gemma 3 text, Phi-3,
-    SmolLM3, Cohere 2), with attention and final logit softcaps, ``query_pre_attn_scalar``,
-    logit scales, and sliding-window layers from ``layer_types`` (one window per model;
-    Mistral's ``sliding_window`` makes every layer a sliding one). Refused by name with
-    :class:`NotImplementedError` before anything runs, never run silently wrong:
-    encoder-decoder models, attention outside the registry, attention sinks (gpt-oss),
-    non-causal attention, rope scaling other than default, linear or llama3, mixture of experts,
-    ALiBi, windows of several sizes, layer types other than full and sliding attention.
+    SmolLM3, Cohere 2, and at one rank the mixture-of-experts Qwen3-MoE and Mixtral, their
+    experts switched to :data:`EXPERTS_IMPLEMENTATION` for the wrapper's calls), with attention
+    and final logit softcaps, ``query_pre_attn_scalar``, logit scales, and sliding-window
+    layers from ``layer_types`` (one window per model; Mistral's ``sliding_window`` makes every
+    layer a sliding one). Refused by name with :class:`NotImplementedError` before anything
+    runs, never run silently wrong: encoder-decoder models, attention outside the registry,
+    attention sinks (gpt-oss), non-causal attention, rope scaling other than default, linear or
+    llama3, mixture of experts whose experts do not dispatch through transformers' experts
+    implementations, ALiBi, windows of several sizes, layer types other than full and sliding
+    attention.
 
     The decoder runs with the step's tokens packed in one row, its positions as
     ``position_ids``, ``use_cache=False`` and no mask: its attention goes through
     :func:`impl.paged_attention` over the runner's paged KV cache (KV write in the segment,
     attention as a break in breakable captures). The wrapper switches the model's
-    ``_attn_implementation`` to :data:`ATTENTION_FUNCTION` for its own calls only. The model
+    ``_attn_implementation`` to :data:`ATTENTION_FUNCTION` (and a mixture of experts'
+    ``_experts_implementation`` to :data:`EXPERTS_IMPLEMENTATION`) for its own calls only. The model
     must be in eval mode (attention dropout refuses to run).
 
     **Self-check** (``check=True``, the default): after the refusals above, a short probe (two

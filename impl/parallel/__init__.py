@@ -1,12 +1,15 @@
-"""Tensor parallelism: the communicator over torch's process groups, the tensor-parallel layers
-and reference models, and the collective decisions the runners take (``TP-*``)."""
+"""Tensor and expert parallelism: the communicator over torch's process groups, the
+tensor-parallel layers, the expert-parallel mixture of experts and reference models, and the
+collective decisions the runners take (``TP-*``, ``EP-*``)."""
 
 from ._communicator import TorchCommunicator
+from ._expert import ExpertParallelMoE
 from ._layers import RowParallelLinear, VocabParallelHead
 from ._lockstep import StepDecision, agree_on_step, check_same, checked_key
 from ._model import TP_KINDS, TensorParallelCausalLM, shard_model
 
 __all__ = [
+    "ExpertParallelMoE",
     "RowParallelLinear",
     "StepDecision",
     "TP_KINDS",

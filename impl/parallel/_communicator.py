@@ -75,6 +75,19 @@ class TorchCommunicator:
             return out
         return torch.cat(out.chunk(self.world_size, dim=0), dim=dim)
 
+    def all_to_all(self, x: torch.Tensor,
+                   counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slab ``w`` of ``x`` (``[world, local_experts, capacity, ...]``) to rank ``w`` with
+        its ``counts`` (``[world, local_experts]``); every rank's slab for this rank and their
+        counts, in source-rank order (two ``all_to_all_single`` calls, each with its wait on
+        the current stream). Counts are not checked here: a GPU drops what exceeds the
+        capacity (``EP-2``)."""
+        x, counts = x.contiguous(), counts.contiguous()
+        out, got = torch.empty_like(x), torch.empty_like(counts)
+        self._dist.all_to_all_single(out, x, group=self.group)
+        self._dist.all_to_all_single(got, counts, group=self.group)
+        return out, got
+
     def barrier(self) -> None:
         """Return once every rank called it (on the host, through the gloo group)."""
         self._dist.barrier(group=self.cpu_group)

@@ -11,12 +11,13 @@ from torch import nn
 
 from spec import Communicator, RunnerConfig
 
-from ..models import AttentionMixer, CausalLM, RecurrentMixer, SwiGLU
+from ..models import AttentionMixer, CausalLM, MoE, RecurrentMixer, SwiGLU
+from ._expert import ExpertParallelMoE
 from ._layers import RowParallelLinear, VocabParallelHead
 
 __all__ = ["TP_KINDS", "TensorParallelCausalLM", "shard_model"]
 
-TP_KINDS = ("dense", "hybrid_swa", "recurrent")
+TP_KINDS = ("dense", "hybrid_swa", "recurrent", "moe")
 """The reference kinds :func:`shard_model` shards."""
 
 
@@ -47,6 +48,10 @@ class TensorParallelCausalLM(CausalLM):
     (column-parallel q/k/v), its output projection row-parallel; the MLP's gate and up
     column-parallel, its down projection row-parallel; a recurrent mixer's state split by
     channel (column-parallel in, row-parallel out). Each row-parallel projection all-reduces.
+    A mixture of experts (the ``moe`` kind) is expert-parallel instead: each rank holds
+    ``num_experts / world`` experts, tokens dispatched and combined through the communicator's
+    ``all_to_all`` (:class:`~impl.ExpertParallelMoE`, of ``expert_capacity`` rows per expert
+    and source rank).
     Embedding and norms are replicated; the head is vocab-parallel and gathers. Attention over
     the rank's KV heads stays a break of a breakable capture; the all-reduces sit in segments.
 
@@ -54,7 +59,8 @@ class TensorParallelCausalLM(CausalLM):
     the world size; runners need the communicator (``TP-8``).
     """
 
-    def __init__(self, full: CausalLM, communicator: Any) -> None:
+    def __init__(self, full: CausalLM, communicator: Any,
+                 expert_capacity: int | None = None) -> None:
         nn.Module.__init__(self)
         world, rank = communicator.world_size, communicator.rank
         for name, value in (("world_size", world), ("rank", rank)):
@@ -100,6 +106,9 @@ class TensorParallelCausalLM(CausalLM):
                 mixer.out_proj = RowParallelLinear(
                     mixer.out_proj.weight.chunk(world, dim=1)[rank], communicator
                 )
+            if isinstance(layer.mlp, MoE):
+                layer.mlp = ExpertParallelMoE(layer.mlp, communicator, expert_capacity)
+                continue
             mlp: SwiGLU = layer.mlp
             inter = c.intermediate_size
             mlp.gate_up = _linear(_rows(mlp.gate_up.weight, [inter, inter], rank, world))
@@ -120,17 +129,21 @@ class TensorParallelCausalLM(CausalLM):
         )
 
 
-def shard_model(model: CausalLM, communicator: Any) -> TensorParallelCausalLM:
+def shard_model(model: CausalLM, communicator: Any, *,
+                expert_capacity: int | None = None) -> TensorParallelCausalLM:
     """Rank ``communicator.rank``'s share of ``model`` (a reference model from
     :func:`impl.build_model` of a kind in :data:`TP_KINDS`): every rank shards the same seeded
-    model, so the ranks together compute what ``model`` computes on one rank (``TP-1``).
+    model, so the ranks together compute what ``model`` computes on one rank (``TP-1``; for the
+    ``moe`` kind's experts ``EP-1``, each rank's all-to-all slab holding ``expert_capacity`` rows
+    per expert and source rank, default the step's row count).
 
-    :class:`ValueError` when a head count, the intermediate size, the vocabulary or the
-    recurrent state is not a multiple of the world size; :class:`NotImplementedError` for the
-    two-half-metadata and draft kinds.
+    :class:`ValueError` when a head count, the intermediate size, the vocabulary, the recurrent
+    state or the number of experts is not a multiple of the world size;
+    :class:`NotImplementedError` for the two-half-metadata and draft kinds.
     """
     if not isinstance(model, CausalLM) or isinstance(model, TensorParallelCausalLM):
         raise TypeError(f"model must be a one-rank reference CausalLM, got {type(model).__name__}")
     if not isinstance(communicator, Communicator):
         raise TypeError(f"communicator must be a spec.Communicator, got {communicator!r}")
-    return TensorParallelCausalLM(model, communicator).eval().requires_grad_(False)
+    return TensorParallelCausalLM(model, communicator, expert_capacity).eval().requires_grad_(
+        False)

@@ -22,8 +22,11 @@ Reported per row: tokens per second (generated tokens over the ``generate`` call
 median of :data:`REPEATS`), the acceptance rate (accepted drafts / proposed drafts), and for the
 speculative modes the wall time of a round and, with graphs, the device time of one round's
 graphs replayed back to back (CUDA events): their difference is the host time of a round that
-the device does not hide. Targets (acceptance 1.0, ``K = 3``, bs 1): spec graphs >=
-:data:`GRAPHS_VS_DECODE_TARGET` x decode graphs, >= :data:`GRAPHS_VS_EAGER_TARGET` x spec eager.
+the device does not hide; and the share of requests whose tokens equal the target's own decode
+(in bf16 a verify step multiplies other shapes than a decode step, so a near-tie may go the
+other way; greedy equality is checked in fp32 by the tests). Targets (acceptance 1.0,
+``K = 3``, bs 1): spec graphs >= :data:`GRAPHS_VS_DECODE_TARGET` x decode graphs, >=
+:data:`GRAPHS_VS_EAGER_TARGET` x spec eager.
 
 Writes ``bench_speculative.json`` under ``$BENCH_REPORT_DIR`` (default ``reports``).
 ``test_speculative_bench_smoke_cpu`` runs the same code on the CPU fake with a tiny model.
@@ -175,9 +178,13 @@ def measure(device: Any, mode: str, bs: int, k: int, pair: tuple[Any, Any], *,
 
 def run(device: Any, shape: ModelShape, batch_sizes: Sequence[int], ks: Sequence[int], *,
         new_tokens: int = NEW_TOKENS, repeats: int = REPEATS, timed: bool = True,
-        perturbation: float = PERTURBATION) -> list[dict[str, Any]]:
-    """Every row, both drafts: the exact one (acceptance 1.0) and the perturbed one. The
-    speculative modes' tokens are checked equal to the target's own."""
+        perturbation: float = PERTURBATION, check_tokens: bool = False,
+        ) -> list[dict[str, Any]]:
+    """Every row, both drafts: the exact one (acceptance 1.0) and the perturbed one. Each
+    speculative row reports the share of requests whose tokens equal the target's own decode
+    (``same_tokens``; with ``check_tokens``, asserted to be all). In bf16 a verify step of ``W``
+    tokens per request multiplies other shapes than a decode step, so a near-tie of the
+    target's logits may go the other way: greedy equality is the fp32 tests' to check."""
     rows = []
     pairs = {"exact": build_pair(device, shape),
              "perturbed": build_pair(device, shape, perturbation=perturbation)}
@@ -190,8 +197,11 @@ def run(device: Any, shape: ModelShape, batch_sizes: Sequence[int], ks: Sequence
                 for mode in MODES[:2]:
                     row = measure(device, mode, bs, k, pair, new_tokens=new_tokens,
                                   repeats=repeats, timed=timed)
-                    assert row["all_tokens"] == plain["all_tokens"], (
-                        f"{mode} bs {bs} K {k} ({draft}): tokens differ from the target's own")
+                    row["same_tokens"] = _same_tokens(row["all_tokens"], plain["all_tokens"])
+                    if check_tokens:
+                        assert row["same_tokens"] == 1.0, (
+                            f"{mode} bs {bs} K {k} ({draft}): tokens differ from the target's "
+                            "own")
                     rows.append({**row, "draft": draft,
                                  "vs_decode_graphs": row["tokens_per_s"] / plain["tokens_per_s"]})
                 graphs_row, eager_row = rows[-2], rows[-1]
@@ -225,6 +235,10 @@ def host_profile(device: Any, shape: ModelShape, bs: int, k: int, top: int = 15,
     return rows[:top]
 
 
+def _same_tokens(got: list[list[int]], want: list[list[int]]) -> float:
+    return sum(a == b for a, b in zip(got, want, strict=True)) / len(want)
+
+
 def _verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
     at = next(r for r in rows if r["mode"] == "spec graphs" and r["draft"] == "exact"
               and r["k"] == 3 and r["batch_size"] == 1)
@@ -251,7 +265,8 @@ def test_bench_speculative(benchmark: Any) -> None:
 
     rows = benchmark.pedantic(go, rounds=1, iterations=1)
     for r in rows:
-        extra = (f", acceptance {r['acceptance']:.2f}, round {r['round_us']:.0f} us"
+        extra = (f", acceptance {r['acceptance']:.2f}, same tokens {r['same_tokens']:.0%}, "
+                 f"round {r['round_us']:.0f} us"
                  + (f" (graphs {r['graphs_us']:.0f} us)" if r.get("graphs_us") else "")
                  if "acceptance" in r else "")
         print(f"{r['mode']:>13} {r['draft'] or '':>9} bs {r['batch_size']:>2} K {r['k']}: "
@@ -282,7 +297,7 @@ def test_speculative_bench_smoke_cpu() -> None:
     device = fakes.FakeDevice()
     with torch.no_grad():
         rows = run(device, TINY_MODEL, (2,), (3,), new_tokens=6, repeats=1, timed=False,
-                   perturbation=0.5)
+                   perturbation=0.5, check_tokens=True)
     by = {(r["mode"], r["draft"]): r for r in rows}
     assert by[("spec graphs", "exact")]["acceptance"] == 1.0
     assert by[("spec eager", "perturbed")]["acceptance"] < 1.0

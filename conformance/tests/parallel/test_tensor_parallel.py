@@ -15,7 +15,7 @@ import torch
 import fakes
 import impl
 import spec
-from conformance.mutants import TP_MUTANTS
+from conformance.mutants import DECISION_MUTANTS, TP_MUTANTS
 from conformance.scenarios import expect_close
 
 pytestmark = pytest.mark.capability("multi_rank")
@@ -170,6 +170,36 @@ def test_steps_of_different_kinds_are_refused(backend: Any) -> None:
 
     decisions = _ranks(backend, rank)
     assert decisions[0] == decisions[1] and "decode" in decisions[0] and "prefill" in decisions[0]
+
+
+@pytest.mark.clause("TP-2")
+@pytest.mark.parametrize("variant", ["reference", *DECISION_MUTANTS])
+def test_equal_batch_sizes_with_other_tokens_never_launch_apart(backend: Any,
+                                                                variant: str) -> None:
+    """Two requests on every rank, prompts of other lengths per rank (16 tokens on rank 0, 29
+    on rank 1: other prefill graphs): the ranks either agree on one graph or refuse the step
+    together before any launch (DecisionMismatch); never launch different graphs. A decision
+    that compares only the batch size lets them (a CollectiveMismatch on the fake)."""
+    factories = {} if variant == "reference" else DECISION_MUTANTS[variant][2]
+
+    def rank(ctx: Any) -> Any:
+        runner = _model_runner(ctx, **factories)
+        lengths = (8, 8) if ctx.rank == 0 else (14, 15)
+        requests = [runner.new_request([(7 * i + j) % 64 for j in range(n)])
+                    for i, n in enumerate(lengths)]
+        try:
+            runner.extend(requests)
+        except spec.CollectiveMismatch as error:
+            return error
+        return None
+
+    errors = _ranks(backend, rank)
+    launched_apart = [e for e in errors if e is not None
+                      and not isinstance(e, spec.DecisionMismatch)]
+    if variant == "reference":
+        assert not launched_apart, f"the ranks launched different graphs: {launched_apart[0]}"
+        return
+    assert launched_apart, f"{variant!r} ({DECISION_MUTANTS[variant][1]}) was not detected"
 
 
 @pytest.mark.strict
@@ -353,7 +383,7 @@ def test_sharded_model_needs_its_communicator(backend: Any) -> None:
         raise AssertionError("no collective runs here")
 
     stub = SimpleNamespace(rank=0, world_size=2, all_reduce=unused, all_gather=unused,
-                           barrier=unused, exchange=unused)
+                           all_to_all=unused, barrier=unused, exchange=unused)
     model = _model("dense", device, stub)
     assert model.runner_config.tensor_parallel_size == 2
     options = dict(device=device, max_running_requests=4, max_total_tokens=64)

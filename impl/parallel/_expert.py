@@ -1,0 +1,99 @@
+"""Expert parallelism: a mixture of experts whose experts are sharded over the ranks, tokens
+dispatched to them and combined back through ``Communicator.all_to_all`` (``EP-*``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..models import MoE, one_hot, real_tokens, route, routed_rows
+
+__all__ = ["ExpertParallelMoE"]
+
+
+class ExpertParallelMoE(nn.Module):
+    """One rank's share of a :class:`~impl.models.MoE`: the router (replicated) and experts
+    ``rank * E / world .. (rank + 1) * E / world``; the same function of the same weights.
+
+    A step of ``T`` rows, ``capacity`` ``C`` (default ``T``: every row fits):
+
+    1. **Route** every row on the device (padded rows, which write the dummy KV slot, get no
+       expert: never dispatched, never counted as load, ``EP-3``).
+    2. **Dispatch**: each (row, chosen expert) pair goes to slot ``p`` of its expert's slab,
+       ``p`` its order among the pairs of that expert; the slabs ``[world, E / world, C, H]``
+       and their counts ``[world, E / world]`` (pairs per expert, before the capacity) go
+       through ``all_to_all``. A count above ``C`` drops pairs (``EP-2``: the multi-rank fake
+       raises :class:`spec.CapacityExceeded`).
+    3. **Experts**: each local expert over every rank's slab for it (``world * C`` rows).
+    4. **Combine**: the outputs back through ``all_to_all``, each pair's row gathered and
+       weighted by the router.
+
+    Every rank issues the same two all-to-alls of the same shapes at every step, whatever its
+    rows route to, so decode graphs and breakable segments record them like any kernel.
+    ``expert_load`` (int64 ``[E]``) counts this rank's routed real rows per expert, as the
+    one-rank layer does.
+    """
+
+    def __init__(self, full: MoE, communicator: Any, capacity: int | None = None) -> None:
+        super().__init__()
+        world, rank = communicator.world_size, communicator.rank
+        experts = full.num_experts
+        if experts % world:
+            raise ValueError(f"num_experts ({experts}) must be a multiple of the world size "
+                             f"{world}")
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
+                                     or capacity < 1):
+            raise ValueError(f"capacity must be a positive int or None, got {capacity!r}")
+        self.communicator, self.capacity = communicator, capacity
+        self.num_experts, self.top_k, self.local = experts, full.top_k, experts // world
+        mine = slice(rank * self.local, (rank + 1) * self.local)
+        # skip_init: no draw from the process-wide generator, which another rank's thread may
+        # be seeding right now (impl.build_model).
+        self.router = torch.nn.utils.skip_init(
+            nn.Linear, full.router.in_features, experts, bias=False,
+            device=full.router.weight.device, dtype=full.router.weight.dtype)
+        self.router.weight = nn.Parameter(full.router.weight.detach().clone(),
+                                          requires_grad=False)
+        self.gate_up = nn.Parameter(full.gate_up.detach()[mine].clone(), requires_grad=False)
+        self.down = nn.Parameter(full.down.detach()[mine].clone(), requires_grad=False)
+        self.register_buffer("expert_load", torch.zeros_like(full.expert_load),
+                             persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows, hidden = x.shape
+        world, local, k = self.communicator.world_size, self.local, self.top_k
+        capacity = self.capacity if self.capacity is not None else rows
+        real = real_tokens(rows, x.device)
+        weights, experts = route(self.router(x), k, real)
+        counts = self.count_load(experts, real)
+        pairs = experts.reshape(-1)  # [T * k], row-major: row t's pairs are t*k .. t*k + k - 1
+        live = real.repeat_interleave(k)
+        hits = (one_hot(pairs, self.num_experts) & live[:, None]).long()
+        slot = (hits.cumsum(dim=0) - 1).gather(1, pairs[:, None]).squeeze(1)
+        kept = live & (slot < capacity)
+        trash = self.num_experts * capacity  # one extra row takes every dropped pair
+        where = torch.where(kept, pairs * capacity + slot, trash)
+        slabs = x.new_zeros(trash + 1, hidden)
+        slabs[where] = x.repeat_interleave(k, dim=0)
+        send = slabs[:trash].view(world, local, capacity, hidden)
+        got, got_counts = self.communicator.all_to_all(send, counts.view(world, local))
+        out = self._experts(got.transpose(0, 1).reshape(local, world * capacity, hidden))
+        back = out.view(local, world, capacity, hidden).transpose(0, 1).contiguous()
+        returned, _ = self.communicator.all_to_all(back, got_counts)
+        flat = torch.cat((returned.reshape(trash, hidden), x.new_zeros(1, hidden)))
+        picked = flat[where].view(rows, k, hidden)
+        return (picked * weights[..., None].to(x.dtype)).sum(dim=1)
+
+    def count_load(self, experts: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        """Each expert's routed real rows this step (``[E]`` int64, what the dispatch sends
+        before the capacity), added to ``expert_load``."""
+        counts = routed_rows(experts, real, self.num_experts)
+        self.expert_load.add_(counts)
+        return counts
+
+    def _experts(self, slab: torch.Tensor) -> torch.Tensor:
+        """Each local expert over its rows: ``[local, N, H] -> [local, N, H]``."""
+        gate, up = torch.einsum("enh,eih->eni", slab, self.gate_up).chunk(2, dim=-1)
+        return torch.einsum("eni,ehi->enh", nn.functional.silu(gate) * up, self.down)

@@ -1,0 +1,30 @@
+"""Clauses of expert parallelism under graphs (``EP``): the experts of a mixture-of-experts
+layer sharded over ranks, tokens dispatched to them and combined back with a fixed-capacity
+all-to-all recorded inside decode graphs and breakable segments."""
+
+from .clauses import define
+
+define(
+    "expert",
+    [
+        ("EP-1", """A mixture-of-experts model whose experts are sharded over the ranks (each
+            rank holds num_experts / world_size of them; every token dispatched to the ranks
+            of its top-k experts and combined back through Communicator.all_to_all) gives on
+            every rank the tokens, and within the dtype's tolerance the logits, of the same
+            model on one rank: eagerly, with its all-to-alls recorded in decode graphs, and in
+            breakable segments (every rank issues the same all-to-alls of the same shapes,
+            whether it has tokens for them or not)."""),
+        ("EP-2", """Capacity: the all-to-all's slab holds a fixed number of rows per expert and
+            source rank, which must hold every row a step can send (at least the padded token
+            count of the largest captured size, times the draft width for a verify step): a
+            count above it drops tokens silently on a GPU (SGLang #29942, a capacity below
+            bs * draft width).""", """The multi-rank fake reads the exchanged counts at every
+            eager call and every replay and raises CapacityExceeded on every rank, with every
+            rank's counts."""),
+        ("EP-3", """Padding is not load: a step's padded rows (and an idle rank's dummy
+            batch) are dispatched to no expert and never counted as expert load, so the
+            experts' load after a generation with graphs equals the load of the same
+            generation run eagerly (vLLM #38128, padding tokens counted as expert load skewing
+            the routing statistics)."""),
+    ],
+)
