@@ -88,6 +88,7 @@ from spec.contracts import BREAKABLE_NAMES, BREAKABLE_OPTIONAL_NAMES
 __all__ = [
     "DECISION_MUTANTS",
     "DECODE_MUTANTS",
+    "DP_MUTANTS",
     "EP_MUTANTS",
     "ExpertMutant",
     "GENERATION_MUTANTS",
@@ -730,6 +731,36 @@ EP_MUTANTS: Final[dict[str, ExpertMutant]] = {
 }
 """Expert-parallel mutant name -> :class:`ExpertMutant`, each caught at core on the multi-rank
 fake by the test of its clause in ``conformance/tests/parallel/test_expert_parallel.py``."""
+
+
+class _IdleRankRunsEagerly(impl.DataParallelAttention):
+    """An idle rank runs its dummy batch eagerly while the others replay (SGLang #37933)."""
+
+    def idle(self) -> None:
+        step = self.agree(None)
+        if step.mode is not None:
+            self.runner.forward_eager(self.dummy_batch(step.mode), expert_capacity=step.rows)
+
+
+class _PadsToItsOwnSize(impl.DataParallelAttention):
+    """Every rank replays the size its own batch needs, not the largest rank's (vLLM #25906,
+    padding by local counts, now for the all-to-all)."""
+
+    def agree(self, batch: Any) -> Any:
+        step = super().agree(batch)
+        if batch is None or step.key is None:
+            return step
+        own = self.ladder(batch.forward_mode).local_key(batch)
+        return dataclasses.replace(step, key=own)
+
+
+DP_MUTANTS: Final[dict[str, tuple[str, str, type[impl.DataParallelAttention]]]] = {
+    "idle_rank_runs_eagerly": ("DP-2", "SGLang #37933", _IdleRankRunsEagerly),
+    "pads_to_its_own_size": ("DP-1", "vLLM #25906", _PadsToItsOwnSize),
+}
+"""Data-parallel mutant name -> (clause, field bug, the ``data_parallel_attention`` factory of
+a model runner): each leaves the ranks' lockstep and is named as a
+:class:`spec.CollectiveMismatch` on every rank by the multi-rank fake."""
 
 
 class StagingWithoutWait(impl.OverlapStepper):

@@ -1,6 +1,7 @@
 """Clauses of expert parallelism under graphs (``EP``): the experts of a mixture-of-experts
 layer sharded over ranks, tokens dispatched to them and combined back with a fixed-capacity
-all-to-all recorded inside decode graphs and breakable segments."""
+all-to-all recorded inside decode graphs and breakable segments; and of data-parallel attention
+(``DP``): ranks holding different batches, or none, stepping through one graph."""
 
 from .clauses import define
 
@@ -26,5 +27,24 @@ define(
             experts' load after a generation with graphs equals the load of the same
             generation run eagerly (vLLM #38128, padding tokens counted as expert load skewing
             the routing statistics)."""),
+    ],
+)
+
+define(
+    "data_parallel",
+    [
+        ("DP-1", """Data-parallel attention: ranks that hold different batches (other request
+            counts, other lengths) of a model whose experts are sharded step together: every
+            rank's batch is padded to the largest of the ranks' captured sizes and every rank
+            replays that size's graph, or every rank runs eagerly; each rank's tokens equal its
+            own requests' tokens on one rank (a rank that pads by its own count replays another
+            graph, and the all-to-all's shapes no longer pair up: vLLM #25906).""",
+         """The reference exchanges each rank's mode, rows and key on the host; ranks whose
+            steps are of different modes (one decodes while another extends) get
+            DecisionMismatch on every rank before anything launches."""),
+        ("DP-2", """An idle rank (no request this step) runs a dummy batch through the same
+            graph the other ranks replay, never eagerly while they replay (SGLang #37933: an
+            idle rank running eagerly deadlocks the expert all-to-all); the dummy batch reads
+            the dummy row, writes the dummy KV slot only, and is no expert's load."""),
     ],
 )

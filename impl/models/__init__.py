@@ -3,7 +3,12 @@ sliding-window pool), attention with two-half metadata, and the reference models
 
 from ._attention import AttentionMetadata, TorchAttentionBackend
 from ._batch import ForwardBatch, ForwardMode, host_to_device
-from ._context import ForwardContext, get_forward_context, set_forward_context
+from ._context import (
+    ForwardContext,
+    current_forward_context,
+    get_forward_context,
+    set_forward_context,
+)
 from ._kv_cache import HybridSWAKVCache, KVCache
 from ._layers import AttentionMixer, DecoderLayer, RecurrentMixer, SwiGLU, paged_attention
 from ._model import CausalLM, LayerStack, ModelConfig, ModelKind, build_model
@@ -38,6 +43,7 @@ __all__ = [
     "TorchAttentionBackend",
     "TransformersModel",
     "build_model",
+    "current_forward_context",
     "from_transformers",
     "get_forward_context",
     "host_to_device",

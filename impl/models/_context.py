@@ -15,7 +15,8 @@ from typing import Any
 
 from ._batch import ForwardBatch
 
-__all__ = ["ForwardContext", "get_forward_context", "set_forward_context"]
+__all__ = ["ForwardContext", "current_forward_context", "get_forward_context",
+           "set_forward_context"]
 
 
 @dataclass(frozen=True)
@@ -60,3 +61,9 @@ def get_forward_context() -> ForwardContext:
             "(runners do this around every eager run, capture and replay)"
         )
     return context
+
+
+def current_forward_context() -> ForwardContext | None:
+    """The forward context of the step in progress, or ``None`` outside any (for layers that
+    also run outside the runners, such as a model called directly)."""
+    return _CONTEXT.get()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._context import _CONTEXT
+from ._context import current_forward_context
 
 __all__ = ["MoE", "one_hot", "real_tokens", "route", "routed_rows"]
 
@@ -45,7 +45,7 @@ def real_tokens(num_tokens: int, device: torch.device) -> torch.Tensor:
     goes to a slot other than the dummy slot 0 (padded rows of a graph, and an idle rank's
     dummy batch, write the dummy slot only, ``EP-3``). Outside a forward context (or for a
     step whose cache locations do not cover its rows) every row is real."""
-    context = _CONTEXT.get()
+    context = current_forward_context()
     loc = None if context is None else context.batch.out_cache_loc
     if loc is None or loc.shape[0] != num_tokens:
         return torch.ones(num_tokens, dtype=torch.bool, device=device)

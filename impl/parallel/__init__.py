@@ -5,17 +5,26 @@ collective decisions the runners take (``TP-*``, ``EP-*``)."""
 from ._communicator import TorchCommunicator
 from ._expert import ExpertParallelMoE
 from ._layers import RowParallelLinear, VocabParallelHead
-from ._lockstep import StepDecision, agree_on_step, check_same, checked_key
+from ._lockstep import (
+    PaddedStep,
+    StepDecision,
+    agree_on_padded_step,
+    agree_on_step,
+    check_same,
+    checked_key,
+)
 from ._model import TP_KINDS, TensorParallelCausalLM, shard_model
 
 __all__ = [
     "ExpertParallelMoE",
+    "PaddedStep",
     "RowParallelLinear",
     "StepDecision",
     "TP_KINDS",
     "TensorParallelCausalLM",
     "TorchCommunicator",
     "VocabParallelHead",
+    "agree_on_padded_step",
     "agree_on_step",
     "check_same",
     "checked_key",

@@ -8,16 +8,27 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..models import MoE, one_hot, real_tokens, route, routed_rows
+from ..models import MoE, current_forward_context, one_hot, real_tokens, route, routed_rows
 
 __all__ = ["ExpertParallelMoE"]
+
+
+def _step_capacity(rows: int) -> int:
+    """The step's slab rows per expert and source rank: what the forward context gives as
+    ``expert_capacity`` (an eager step of data-parallel attention: the most rows any rank's
+    batch holds, so every rank sends the same shapes), else the step's own rows (a graph's
+    padded size, the same on every rank that replays it)."""
+    context = current_forward_context()
+    given = None if context is None else context.extras.get("expert_capacity")
+    return int(given) if given is not None else rows
 
 
 class ExpertParallelMoE(nn.Module):
     """One rank's share of a :class:`~impl.models.MoE`: the router (replicated) and experts
     ``rank * E / world .. (rank + 1) * E / world``; the same function of the same weights.
 
-    A step of ``T`` rows, ``capacity`` ``C`` (default ``T``: every row fits):
+    A step of ``T`` rows, ``capacity`` ``C`` (default: the forward context's
+    ``expert_capacity`` where it gives one, else ``T``; every row fits):
 
     1. **Route** every row on the device (padded rows, which write the dummy KV slot, get no
        expert: never dispatched, never counted as load, ``EP-3``).
@@ -64,7 +75,7 @@ class ExpertParallelMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows, hidden = x.shape
         world, local, k = self.communicator.world_size, self.local, self.top_k
-        capacity = self.capacity if self.capacity is not None else rows
+        capacity = self.capacity if self.capacity is not None else _step_capacity(rows)
         real = real_tokens(rows, x.device)
         weights, experts = route(self.router(x), k, real)
         counts = self.count_load(experts, real)

@@ -8,7 +8,10 @@ from typing import Any
 
 from spec import DecisionMismatch
 
-__all__ = ["StepDecision", "agree_on_step", "check_same", "checked_key"]
+from ..models import ForwardMode
+
+__all__ = ["PaddedStep", "StepDecision", "agree_on_padded_step", "agree_on_step", "check_same",
+           "checked_key"]
 
 
 @dataclass(frozen=True)
@@ -60,3 +63,34 @@ def check_same(communicator: Any, what: str, value: Any) -> None:
     every = communicator.exchange(value)
     if any(v != every[0] for v in every):
         raise DecisionMismatch(what, tuple(every))
+
+
+@dataclass(frozen=True)
+class PaddedStep:
+    """What every rank agreed for one step of data-parallel attention: the forward ``mode``
+    (``None``: every rank is idle), the captured ``key`` every rank replays (``None``: every
+    rank runs its batch eagerly), and ``rows``, the most rows any rank's batch holds (what an
+    eager step's all-to-all slabs are sized for, so that every rank sends the same shapes)."""
+
+    mode: ForwardMode | None
+    key: Any
+    rows: int
+
+
+def agree_on_padded_step(communicator: Any, mode: ForwardMode | None, rows: int,
+                         key: Any) -> PaddedStep:
+    """Data-parallel attention's decision (``DP-1``, ``DP-2``): every rank brings its step's
+    ``mode`` (``None`` when it holds no request), its ``rows`` and the captured ``key`` that
+    would serve its batch alone; on the host, no device sync. Every rank then replays the
+    largest key, or, when some rank's batch fits no captured size, every rank runs eagerly; an
+    idle rank joins with a dummy batch. Ranks whose modes differ (one decodes while another
+    extends) get :class:`spec.DecisionMismatch` on every rank, before anything launches."""
+    every = communicator.exchange((None if mode is None else mode.name, rows, key))
+    modes = {m for m, _, _ in every if m is not None}
+    if len(modes) > 1:
+        raise DecisionMismatch("the step's forward mode (data-parallel attention)", tuple(every))
+    if not modes:
+        return PaddedStep(None, None, 0)
+    keys = [k for m, _, k in every if m is not None]
+    agreed = None if any(k is None for k in keys) else max(keys)
+    return PaddedStep(ForwardMode[modes.pop()], agreed, max(r for _, r, _ in every))

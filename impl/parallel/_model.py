@@ -57,10 +57,16 @@ class TensorParallelCausalLM(CausalLM):
 
     :attr:`runner_config` is one rank's: its heads and state size, ``tensor_parallel_size``
     the world size; runners need the communicator (``TP-8``).
+
+    With ``data_parallel_attention`` (the ``moe`` kind only) nothing but the experts is
+    sharded: each rank attends over its own requests with every head, its dense parts and
+    head replicated, and only the experts are spread (``DP-*``: a model runner with
+    ``data_parallel_attention=True`` serves it).
     """
 
     def __init__(self, full: CausalLM, communicator: Any,
-                 expert_capacity: int | None = None) -> None:
+                 expert_capacity: int | None = None,
+                 data_parallel_attention: bool = False) -> None:
         nn.Module.__init__(self)
         world, rank = communicator.world_size, communicator.rank
         for name, value in (("world_size", world), ("rank", rank)):
@@ -77,15 +83,26 @@ class TensorParallelCausalLM(CausalLM):
             raise NotImplementedError(
                 f"shard_model shards the kinds {TP_KINDS}, not {c.kind!r}"
             )
-        for name, value in (("num_heads", c.num_heads), ("num_kv_heads", c.num_kv_heads),
-                            ("intermediate_size", c.intermediate_size),
-                            ("vocab_size", c.vocab_size), ("recurrent_dim", c.recurrent_dim)):
+        split = () if data_parallel_attention else (
+            ("num_heads", c.num_heads), ("num_kv_heads", c.num_kv_heads),
+            ("intermediate_size", c.intermediate_size), ("vocab_size", c.vocab_size),
+            ("recurrent_dim", c.recurrent_dim))
+        for name, value in split:
             if value % world:
                 raise ValueError(f"{name} ({value}) must be a multiple of the world size {world}")
         self.config = c
         self.communicator = communicator
         self.world_size, self.rank = world, rank
+        self.data_parallel_attention = data_parallel_attention
         self.model = copy.deepcopy(full.model)
+        if data_parallel_attention:
+            if c.kind != "moe":
+                raise ValueError("data_parallel_attention shards the experts of the moe kind "
+                                 f"only, and the model is {c.kind!r}")
+            for layer in self.model.layers:
+                layer.mlp = ExpertParallelMoE(layer.mlp, communicator, expert_capacity)
+            self.lm_head = copy.deepcopy(full.lm_head)
+            return
         for layer in self.model.layers:
             mixer = layer.mixer
             if isinstance(mixer, AttentionMixer):
@@ -118,8 +135,11 @@ class TensorParallelCausalLM(CausalLM):
 
     @property
     def runner_config(self) -> RunnerConfig:
-        """One rank's shape (see the class docstring)."""
+        """One rank's shape (see the class docstring); with data-parallel attention the whole
+        model's (attention is not sharded: ``tensor_parallel_size`` 1)."""
         full = super().runner_config
+        if self.data_parallel_attention:
+            return full
         world = self.world_size
         state = full.recurrent_state_shape
         return dataclasses.replace(
@@ -129,13 +149,15 @@ class TensorParallelCausalLM(CausalLM):
         )
 
 
-def shard_model(model: CausalLM, communicator: Any, *,
-                expert_capacity: int | None = None) -> TensorParallelCausalLM:
+def shard_model(model: CausalLM, communicator: Any, *, expert_capacity: int | None = None,
+                data_parallel_attention: bool = False) -> TensorParallelCausalLM:
     """Rank ``communicator.rank``'s share of ``model`` (a reference model from
     :func:`impl.build_model` of a kind in :data:`TP_KINDS`): every rank shards the same seeded
     model, so the ranks together compute what ``model`` computes on one rank (``TP-1``; for the
     ``moe`` kind's experts ``EP-1``, each rank's all-to-all slab holding ``expert_capacity`` rows
-    per expert and source rank, default the step's row count).
+    per expert and source rank, default the step's row count). With
+    ``data_parallel_attention`` only the experts are sharded (see
+    :class:`TensorParallelCausalLM`).
 
     :class:`ValueError` when a head count, the intermediate size, the vocabulary, the recurrent
     state or the number of experts is not a multiple of the world size;
@@ -145,5 +167,6 @@ def shard_model(model: CausalLM, communicator: Any, *,
         raise TypeError(f"model must be a one-rank reference CausalLM, got {type(model).__name__}")
     if not isinstance(communicator, Communicator):
         raise TypeError(f"communicator must be a spec.Communicator, got {communicator!r}")
-    return TensorParallelCausalLM(model, communicator, expert_capacity).eval().requires_grad_(
-        False)
+    sharded = TensorParallelCausalLM(model, communicator, expert_capacity,
+                                     data_parallel_attention)
+    return sharded.eval().requires_grad_(False)

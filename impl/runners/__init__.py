@@ -6,6 +6,7 @@ import spec as _spec
 
 from ._cache import AttentionBackendFactory, KVCacheFactory, default_attention_backend
 from ._common import RunnerStats
+from ._data_parallel import DataParallelAttention
 from ._decode import DECODE_STEPS, DecodeRecipe, default_decode_sizes
 from ._draft_decode import DRAFT_DECODE_STEPS, DraftDecodeRecipe
 from ._fixed_width import FIXED_WIDTH_STEPS, FixedWidthRecipe
@@ -33,6 +34,7 @@ __all__ = [
     "CudagraphDispatcher",
     "DECODE_STEPS",
     "DRAFT_DECODE_STEPS",
+    "DataParallelAttention",
     "DecodeRecipe",
     "DraftDecodeRecipe",
     "FIXED_WIDTH_STEPS",

@@ -85,7 +85,7 @@ class GraphLadder:
         self.device = target.device
         self.communicator = check_communicator(
             name, target.communicator if communicator is None else communicator,
-            target.config.tensor_parallel_size,
+            target.lockstep_size,
         )
         self.sanitize = target.sanitize if sanitize is None else check_sanitize(sanitize)
         self.num_warmups = int(num_warmups)

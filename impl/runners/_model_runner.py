@@ -24,6 +24,7 @@ from ._cache import (
     make_kv_cache,
 )
 from ._common import RunnerStats, add_note, check_communicator
+from ._data_parallel import DataParallelAttention
 from ._runners import BreakableCudaGraphRunner, CudaGraphRunner
 from ._schedule import Request
 from ._speculative import Speculator
@@ -32,6 +33,19 @@ from ._target import GraphTarget
 __all__ = ["ModelRunner", "ModelRunnerStats"]
 
 PrefillMode = Literal["eager", "breakable"]
+
+def _check_data_parallel(communicator: Any, config: RunnerConfig, sanitize: str) -> None:
+    if communicator is None:
+        raise ValueError("data_parallel_attention needs communicator= (its ranks step together)")
+    if config.tensor_parallel_size != 1:
+        raise ValueError(
+            f"data_parallel_attention serves a model whose attention is not sharded, and this "
+            f"one is sharded over {config.tensor_parallel_size} ranks (shard_model(..., "
+            "data_parallel_attention=True) shards the experts only)")
+    if sanitize in ("replays", "all"):
+        raise ValueError(f"sanitize={sanitize!r} shadows replays, which data-parallel attention "
+                         "does not offer: use 'off' or 'captures'")
+
 
 @dataclass(frozen=True)
 class ModelRunnerStats:
@@ -79,6 +93,12 @@ class ModelRunner:
             model runner with the same arguments and steps through the same requests; the
             graph runners then capture, warm up and decide in lockstep (``TP-2`` .. ``TP-6``).
             :meth:`close` releases the graphs before the process group is destroyed.
+        data_parallel_attention: ranks hold different batches (other counts and lengths, or
+            none: :meth:`idle`) of a model whose attention is not sharded and whose experts
+            are (:func:`impl.shard_model` with ``data_parallel_attention=True``): every step
+            is padded to the largest rank's captured size and replayed by every rank
+            (:class:`~impl.DataParallelAttention`, or a factory ``runner -> steps``). Needs the
+            communicator; the sanitizer's replay shadows are not offered with it.
         draft, num_speculative_tokens: speculative decoding (:class:`~impl.Speculator`, with
             its verify and draft-extend graphs where ``decode_cuda_graph``); the second alone
             sizes the attention for speculative steps.
@@ -111,6 +131,7 @@ class ModelRunner:
         communicator: Any = None,
         draft: Any = None,
         num_speculative_tokens: int | None = None,
+        data_parallel_attention: bool | Callable[[Any], DataParallelAttention] = False,
     ) -> None:
         for name, value in (("max_running_requests", max_running_requests),
                             ("max_total_tokens", max_total_tokens)):
@@ -132,8 +153,11 @@ class ModelRunner:
                 "(a spec.RunnerConfig) or pass model_config= (a config attribute, such as a "
                 "transformers PretrainedConfig, is never read)"
             )
-        communicator = check_communicator("ModelRunner", communicator,
-                                          config.tensor_parallel_size)
+        if data_parallel_attention:
+            _check_data_parallel(communicator, config, sanitize)
+        communicator = check_communicator(
+            "ModelRunner", communicator, communicator.world_size if data_parallel_attention
+            else config.tensor_parallel_size)
         self.model = model
         self.config = config
         self.device = device
@@ -161,7 +185,7 @@ class ModelRunner:
             stream=default_capture_stream(device), max_bs=max_running_requests,
             max_context_len=self.max_context_len, max_total_tokens=max_total_tokens,
             sanitize=sanitize, make_backend=lambda kv: make_backend(kv, config),
-            communicator=communicator,
+            communicator=communicator, data_parallel_attention=bool(data_parallel_attention),
         )
         self._shadow = (
             ReplayShadow(self._target) if sanitize in ("replays", "all") else None
@@ -187,6 +211,11 @@ class ModelRunner:
         except BaseException:
             self.close()  # the graphs captured so far go before the caller sees the error
             raise
+        self.data_parallel: DataParallelAttention | None = None
+        if data_parallel_attention:
+            make_steps = (DataParallelAttention if data_parallel_attention is True
+                          else data_parallel_attention)
+            self.data_parallel = make_steps(self)
 
     def graph_target(self) -> GraphTarget:
         """What graph runners wrap (:class:`~impl.GraphTarget`): the model, backend and cache,
@@ -239,6 +268,8 @@ class ModelRunner:
         """Logits ``[bs, vocab]`` of each request's last token: decode batches to the decode
         runner, extend batches to the prefill runner, each decided once (``decide``); what no
         runner serves runs eagerly here."""
+        if self.data_parallel is not None:
+            return self.data_parallel.forward(batch)
         mode = batch.forward_mode
         if mode.is_decode() and self.decode_runner is not None:
             return self._serve(self.decode_runner, batch)
@@ -253,9 +284,19 @@ class ModelRunner:
         run = functools.partial(runner.run, key, batch)
         return run() if self._shadow is None else self._shadow.run(run, batch, key)
 
-    def forward_eager(self, batch: ForwardBatch) -> torch.Tensor:
-        """Both metadata halves and the whole model, eagerly (counted by the target)."""
-        return self._target.forward(batch)
+    def forward_eager(self, batch: ForwardBatch, **extras: Any) -> torch.Tensor:
+        """Both metadata halves and the whole model, eagerly (counted by the target), with
+        ``extras`` in the forward context."""
+        return self._target.forward(batch, **extras)
+
+    def idle(self) -> None:
+        """Under data-parallel attention, a step in which this rank holds no request: it runs
+        a dummy batch through the graph the other ranks replay (:meth:`DataParallelAttention.
+        idle <impl.DataParallelAttention.idle>`). :class:`RuntimeError` without it."""
+        if self.data_parallel is None:
+            raise RuntimeError("idle() is a step of data-parallel attention: build the model "
+                               "runner with data_parallel_attention=True")
+        self.data_parallel.idle()
 
     # -- requests and batches ------------------------------------------------------------------
 

@@ -121,6 +121,10 @@ class Scheduler:
             (``RUN-14``, :meth:`ModelRunner.holding <impl.ModelRunner.holding>`).
         """
         runner = self.model_runner
+        if getattr(runner, "data_parallel", None) is not None:
+            raise NotImplementedError(
+                "generation under data-parallel attention: each rank's schedule differs, so "
+                "drive the steps with extend, decode and idle (every rank once per step)")
         limits = self._check(prompts, max_new_tokens)
         if self.speculator is not None:
             if overlap:

@@ -51,6 +51,17 @@ class GraphTarget:
     communicator: Any = None
     """The :class:`spec.Communicator` of this rank for a tensor-parallel model (``None`` on one
     rank): runners built on the target decide, capture and warm up in lockstep with it."""
+    data_parallel_attention: bool = False
+    """Whether the ranks hold different batches of a model whose attention is not sharded
+    (``DP-*``): the communicator's world is then the ranks' lockstep, not the model's
+    ``tensor_parallel_size``."""
+
+    @property
+    def lockstep_size(self) -> int:
+        """How many ranks the runners built on this target step with."""
+        if self.data_parallel_attention and self.communicator is not None:
+            return int(self.communicator.world_size)
+        return self.config.tensor_parallel_size
 
     def named_tensors(self, registry: Any = None) -> dict[str, torch.Tensor]:
         """The buffers a capture reads, by name, for the sanitizer's roles: ``registry.<slot>``,
@@ -73,11 +84,11 @@ class GraphTarget:
         """Both halves, in order."""
         self.attn_backend.init_forward_metadata(batch)
 
-    def forward(self, batch: Any) -> torch.Tensor:
+    def forward(self, batch: Any, **extras: Any) -> torch.Tensor:
         """The model on ``batch``, eagerly: both metadata halves, then ``model(batch)``, with the
-        batch as the forward context. Counted in :attr:`eager_runs`."""
+        batch (and ``extras``) as the forward context. Counted in :attr:`eager_runs`."""
         self.eager_runs += 1
-        with set_forward_context(batch):
+        with set_forward_context(batch, **extras):
             self.init_metadata(batch)
             return self.model(batch)
 
