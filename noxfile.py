@@ -182,11 +182,13 @@ def gpu(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def gpu2(session: nox.Session) -> None:
-    """Tensor parallelism on two GPUs, in the current interpreter: TP=2 against TP=1 with the
-    all-reduces inside decode graphs and breakable segments, and the guard refusing a
-    mismatched step (``tests/test_tp_gpu.py``), then the TP=2 bench (``bench_tp.json`` and
-    section 9 of ``bench.md`` under ``reports/``). One process per GPU over NCCL, each killed
-    after 60 s. Mismatches themselves are tested on the multi-rank fake (``cpu``)."""
+    """Tensor and expert parallelism on two GPUs, in the current interpreter: TP=2 against TP=1
+    with the all-reduces inside decode graphs and breakable segments, and the guard refusing a
+    mismatched step; EP=2 against EP=1 with NCCL's all-to-all inside them, and data-parallel
+    attention with one rank idle (``tests/test_tp_gpu.py``), then the TP=2 bench
+    (``bench_tp.json`` and section 9 of ``bench.md`` under ``reports/``). One process per GPU
+    over NCCL, each killed after 60 s. Mismatches themselves are tested on the multi-rank fake
+    (``cpu``)."""
     _require_gpus(session, 2)
     os.makedirs(REPORTS, exist_ok=True)
     session.env["BENCH_REPORT_DIR"] = REPORTS

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 
 CLAIMED = ("class TinyDecoder(", "impl.from_transformers(hf)", "class FirstRequestBoost(",
-           "fakes.run_ranks(")
+           "tokens = fakes.run_ranks(")
 """What finds each block that a test of its own runs (exactly one block each)."""
 
 
@@ -160,7 +160,7 @@ def test_the_tensor_parallel_example_runs() -> None:
     """The tensor-parallel block runs as printed on the multi-rank fake: both ranks generate the
     same tokens."""
     blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-              if "fakes.run_ranks(" in b]
+              if "tokens = fakes.run_ranks(" in b]
     assert len(blocks) == 1, "README has no python block calling fakes.run_ranks"
     namespace: dict[str, Any] = {"__name__": "readme_tp_example"}
     exec(compile(blocks[0], str(README), "exec"), namespace)

@@ -8,6 +8,11 @@ Tasks:
 - ``check``: TP=2 against TP=1 (fp32 tokens and logits, ``TP-1``; bf16 logits under teacher
   forcing), decode graphs and breakable prefill replaying with collectives inside, then the
   guard refusing a step where the ranks' batches differ (``TP-2``) before anything launches.
+- ``expert``: the ``moe`` kind with its experts sharded over the ranks (``EP-1``): fp32 tokens
+  and logits against one rank, its all-to-alls inside decode graphs and breakable segments;
+  bf16 logits under teacher forcing; then data-parallel attention (``DP-1``, ``DP-2``): rank
+  ``r`` holds ``r + 1`` fewer requests than the first rank, the last rank goes idle, every step
+  replayed in one graph, each rank's logits against its own requests on one rank.
 - ``bench``: TP=2 decode eager against graph at batch 1, 8 and 32, prefill eager against
   breakable replay at 16, 128 and 512 tokens; a fixed number of samples per variant, so every
   rank makes the same calls.
@@ -101,6 +106,78 @@ def check(device: Any, communicator: Any) -> dict[str, Any]:
     return result
 
 
+def _moe(device: Any, dtype: torch.dtype) -> Any:
+    return impl.build_model("moe", device=device.device, dtype=dtype, **_CHECK_SHAPE)
+
+
+def _max_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    return max(float((a.float() - b.float()).abs().max()) for a, b in zip(got, want, strict=True))
+
+
+def _data_parallel_steps(runner: impl.ModelRunner, prompts: list[list[int]], decodes: int,
+                         steps: int) -> list[torch.Tensor]:
+    """An extend of ``prompts``, ``decodes`` greedy decode steps, idle for the rest of
+    ``steps``: each step's logits (float32, on the host)."""
+    requests = [runner.new_request(p) for p in prompts]
+    logits = [runner.extend(requests).float().cpu()] if requests else []
+    if not requests:
+        runner.idle()
+    for step in range(steps):
+        if step < decodes and requests:
+            for r, t in zip(requests, logits[-1].argmax(-1).tolist(), strict=True):
+                r.output_ids.append(t)
+            logits.append(runner.decode(requests).float().cpu())
+        else:
+            runner.idle()
+    return logits
+
+
+def expert(device: Any, communicator: Any) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    one = _runner(_moe(device, torch.float32), device, None, decode_cuda_graph=False,
+                  prefill="eager")
+    want = impl.Scheduler(one).generate(_PROMPTS, 8)
+    ep = _runner(impl.shard_model(_moe(device, torch.float32), communicator), device,
+                 communicator)
+    got = impl.Scheduler(ep).generate(_PROMPTS, 8)
+    result["ep"] = {
+        "tokens_equal": got.tokens == want.tokens,
+        "fp32_max_diff": _max_diff(got.logits, want.logits),
+        "decode_replays": ep.decode_runner.stats.replays,
+        "prefill_replays": ep.prefill_runner.stats.replays,
+    }
+    ep.close()
+    one = _runner(_moe(device, torch.bfloat16), device, None, decode_cuda_graph=False,
+                  prefill="eager")
+    tokens = impl.Scheduler(one).generate(_PROMPTS[:1], 8).tokens[0]
+    forced_want = _forced(one, _PROMPTS[0], tokens)
+    ep = _runner(impl.shard_model(_moe(device, torch.bfloat16), communicator), device,
+                 communicator)
+    forced = _forced(ep, _PROMPTS[0], tokens)
+    result["ep"]["bf16_max_diff"] = float((forced - forced_want).abs().max())
+    result["ep"]["bf16_largest_logit"] = float(forced_want.abs().max())
+    ep.close()
+    # Data-parallel attention: rank r holds the first 4 - r prompts; the last rank only one,
+    # and it goes idle after two decodes.
+    rank, world = communicator.rank, communicator.world_size
+    mine = _PROMPTS[: max(1, 4 - rank)]
+    decodes = 2 if rank == world - 1 and world > 1 else 5
+    alone = _runner(_moe(device, torch.float32), device, None, decode_cuda_graph=False,
+                    prefill="eager")
+    want_dp = _data_parallel_steps(alone, mine, decodes, decodes)
+    dp = _runner(impl.shard_model(_moe(device, torch.float32), communicator,
+                                  data_parallel_attention=True), device, communicator,
+                 data_parallel_attention=True)
+    got_dp = _data_parallel_steps(dp, mine, decodes, 5)
+    result["dp"] = {
+        "steps": len(got_dp), "fp32_max_diff": _max_diff(got_dp, want_dp),
+        "decode_replays": dp.decode_runner.stats.replays,
+        "decode_eager": dp.decode_runner.stats.eager_fallbacks,
+    }
+    dp.close()
+    return result
+
+
 def bench(device: Any, communicator: Any) -> dict[str, Any]:
     from tests.bench.test_bench_runners import (
         DECODE_MODEL,
@@ -167,7 +244,7 @@ def main(task: str, out_dir: str) -> None:
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
     device = impl.CudaDevice()
     communicator = impl.TorchCommunicator(device=device.device)
-    result = {"check": check, "bench": bench}[task](device, communicator)
+    result = {"check": check, "expert": expert, "bench": bench}[task](device, communicator)
     result.update(rank=rank, world_size=communicator.world_size,
                   gpu=torch.cuda.get_device_name(rank), torch=torch.__version__,
                   nccl=".".join(map(str, torch.cuda.nccl.version())))
