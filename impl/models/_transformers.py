@@ -29,6 +29,7 @@ import contextlib
 import functools
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Final
 
 import torch
@@ -260,7 +261,14 @@ def _experts_switchable(hf_model: nn.Module, config: Any) -> bool:
     if EXPERTS_IMPLEMENTATION not in ALL_EXPERTS_FUNCTIONS or \
             not hasattr(config, "_experts_implementation"):
         return False
-    return any(hasattr(m, "_is_expert_parallel") for m in hf_model.modules())
+    # The decorator replaces the experts class's forward with its dispatcher, defined in
+    # transformers' integrations/moe.py in every release that has one (functools.wraps, where
+    # used, keeps the name of the forward it wraps, not its code).
+    dispatchers = [type(m).forward for m in hf_model.modules()
+                   if type(m).__name__.endswith("Experts")]
+    return bool(dispatchers) and all(
+        Path(getattr(f, "__code__", None).co_filename).parts[-2:] == ("integrations", "moe.py")
+        for f in dispatchers if getattr(f, "__code__", None) is not None)
 
 
 def _rope_types(config: Any) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..models import ForwardBatch, ForwardMode, set_forward_context
+from ..models import ForwardBatch, ForwardMode, host_to_device, set_forward_context
 from ..sanitizer import ReplayShadow
 from ._draft_decode import DraftDecodeRecipe, draft_loop
 from ._fixed_width import FixedWidthRecipe, fixed_width_forward
@@ -256,15 +256,16 @@ class Speculator:
             dbatch.hidden_states = hidden
         dhidden, dlogits = self._stack(draft, dbatch)
         dlast = dbatch.extend_start_loc + dbatch.extend_seq_lens - 1
-        self._seed(requests, dhidden.index_select(0, dlast), dlogits.index_select(0, dlast))
+        table_rows = host_to_device([r.row for r in requests], torch.int64,
+                                    self.next_token.device)
+        self._seed(table_rows, dhidden.index_select(0, dlast), dlogits.index_select(0, dlast))
         draft.finish_step(drafts)
         return SpeculativeRound([[t] for t in bonus], [row[None] for row in rows.float()],
                                 [0] * len(requests))
 
-    def _seed(self, requests: Sequence[Request], hidden: torch.Tensor,
-              logits: torch.Tensor) -> None:
-        rows = torch.tensor([r.row for r in requests], dtype=torch.int64,
-                            device=self.next_token.device)
+    def _seed(self, rows: torch.Tensor, hidden: torch.Tensor, logits: torch.Tensor) -> None:
+        """The next round's first draft token and hidden state of the target request ``rows``
+        (on the device)."""
         self.next_token.index_copy_(0, rows, logits.argmax(-1))
         if self.next_hidden is not None:
             self.next_hidden.index_copy_(0, rows, hidden.to(self.next_hidden.dtype))
@@ -274,7 +275,11 @@ class Speculator:
         target, draft, k, width = self.target, self.draft, self.num_speculative_tokens, self.width
         drafts = [self._drafts[r.row] for r in requests]
         bs, where = len(requests), self.next_token.device
-        rows = torch.tensor([r.row for r in requests], dtype=torch.int64, device=where)
+        # The rows and each request's last committed token, in one non-blocking copy.
+        packed = host_to_device([*(r.row for r in requests), *(
+            r.output_ids[-1] if r.output_ids else r.prompt[-1] for r in requests)],
+            torch.int64, where)
+        rows, last = packed[:bs], packed[bs:].view(bs, 1)
         held = [len(d.slots) for d in drafts]
         first = self.next_token.index_select(0, rows)
         proposal = first[:, None]
@@ -285,8 +290,6 @@ class Speculator:
             proposal = torch.cat((proposal, later), dim=1)  # [bs, K]
         for d, n in zip(drafts, held, strict=True):
             self._keep(draft, d, n)  # the draft extend rewrites these positions
-        last = torch.tensor([[r.output_ids[-1] if r.output_ids else r.prompt[-1]]
-                             for r in requests], dtype=torch.int64, device=where)
         batch = self._fixed_width(target, ForwardMode.TARGET_VERIFY, requests,
                                   torch.cat((last, proposal), dim=1))
         verify = functools.partial(fixed_width_forward, target.model, in_graph=False)
@@ -303,7 +306,7 @@ class Speculator:
         extend = functools.partial(fixed_width_forward, draft.model, in_graph=False)
         dhidden, dlogits, _ = self._run(self.draft_extend_runner, dbatch, extend)
         pick = torch.arange(bs, device=where) * width + accepted
-        self._seed(requests, dhidden.index_select(0, pick), dlogits.index_select(0, pick))
+        self._seed(rows, dhidden.index_select(0, pick), dlogits.index_select(0, pick))
         for d, n, a in zip(drafts, held, counts, strict=True):
             self._keep(draft, d, n + a + 1)
         target.finish_step(requests)
