@@ -6,7 +6,8 @@ what the benchmarks wrote there (``bench_runners.json``, ``breakable_overhead.js
 ``bench_fake_speed.json``,
 ``nox_cpu.json``: ``seconds`` and ``cpus``, and where measured ``cpu_seconds``, ``load`` (the
 load average while it ran) and ``date``, ``bench_transformers.json``, ``bench_sanitizer.json``,
-``bench_tp.json``, ``bench_overlap.json``), and
+``bench_tp.json``, ``bench_overlap.json``, ``bench_piecewise.json``,
+``bench_speculative.json``), and
 writes ``DIR/bench.md``: one table per benchmark with its target, the measured figure and whether
 it meets the target, headed by the GPU, torch and CUDA versions and the date of the run. With
 matplotlib installed it also writes ``prefill_latency.png`` (latency against token count: eager,
@@ -223,9 +224,11 @@ def _transformers(data: dict[str, Any]) -> list[str]:
             for name, m in models.items()]
     sizes = [f"bs {r['batch_size']}" for r in next(iter(models.values()))["decode"]["results"]]
     out += ["Decode, eager / graph:", "", *_table(["model", *sizes], rows)]
+    prefilled = {name: m for name, m in models.items() if "prefill" in m}
     rows = [[name, *(f"{r['eager_over_breakable']:.2f}x" for r in m["prefill"]["results"])]
-            for name, m in models.items()]
-    tokens = [f"{r['tokens']} tokens" for r in next(iter(models.values()))["prefill"]["results"]]
+            for name, m in prefilled.items()]
+    tokens = [f"{r['tokens']} tokens"
+              for r in next(iter(prefilled.values()))["prefill"]["results"]]
     out += ["Prefill (one request), eager / breakable:", "", *_table(["model", *tokens], rows)]
     ratios = data.get("transformers_over_reference")
     if ratios:
@@ -288,6 +291,40 @@ def _overlap(data: dict[str, Any]) -> list[str]:
                      "host step us graphs / overlapped", "overlapped device-bound"], rows)]
 
 
+def _speculative(data: dict[str, Any]) -> list[str]:
+    rows = []
+    for r in data["rows"]:
+        if r["mode"] == "decode graphs":
+            continue
+        rows.append([r["draft"], f"bs {r['batch_size']}", f"K {r['k']}", r["mode"],
+                     f"{r['acceptance']:.2f}", f"{r['tokens_per_s']:.0f}",
+                     f"{r['vs_decode_graphs']:.2f}x",
+                     f"{r['vs_spec_eager']:.2f}x" if "vs_spec_eager" in r else "",
+                     f"{r['round_us']:.0f}",
+                     f"{r['graphs_us']:.0f}" if r.get("graphs_us") else "",
+                     f"{r['same_tokens']:.0%}"])
+    plain = ", ".join(f"bs {r['batch_size']} {r['tokens_per_s']:.0f}" for r in data["rows"]
+                      if r["mode"] == "decode graphs")
+    verdict = data["verdict"]
+    targets = verdict["targets"]
+    model = data["model"]
+    return ["## 12. Speculative decoding: what graphs buy", "",
+            f"Target {model['kind']} {model['num_layers']}x{model['hidden_size']} "
+            f"({model['dtype']}) whose first layer, embeddings and head are a "
+            f"{data['draft_layers']}-layer draft's and whose other layers add nothing (exact "
+            f"draft: acceptance 1.0), or the draft perturbed by {data['perturbation']} (relative "
+            f"noise); on {data['device']}, torch {data['torch']}, {data['date']}; "
+            f"{data['prompt_len']}-token prompts, {data['new_tokens']} new tokens each. Plain "
+            f"decode graphs, tokens/s: {plain}. Round = wall time of one speculative round; "
+            "graphs = device time of its graphs replayed back to back.", "",
+            f"At acceptance 1.0, K 3, bs 1: spec graphs / decode graphs "
+            f"{verdict['vs_decode_graphs']:.2f}x (target >= {targets['vs_decode_graphs']}x), "
+            f"/ spec eager {verdict['vs_spec_eager']:.2f}x (target >= "
+            f"{targets['vs_spec_eager']}x): {_verdict(verdict['meets_targets'])}.", "",
+            *_table(["draft", "batch", "K", "mode", "acceptance", "tok/s", "/ decode graphs",
+                     "/ spec eager", "round us", "graphs us", "same tokens"], rows)]
+
+
 def _piecewise(data: dict[str, Any]) -> list[str]:
     out = ["## 11. A fair compile peer: piecewise `torch.compile`", "",
            f"On {data['device']}, torch {data['torch']}, {data['date']}. The layer stack "
@@ -325,7 +362,8 @@ def _piecewise(data: dict[str, Any]) -> list[str]:
 def _plots(folder: Path, runners: dict[str, Any] | None, overhead: dict[str, Any] | None,
            overlap: dict[str, Any] | None = None,
            capture: dict[str, Any] | None = None,
-           piecewise: dict[str, Any] | None = None) -> list[str]:
+           piecewise: dict[str, Any] | None = None,
+           speculative: dict[str, Any] | None = None) -> list[str]:
     try:
         import matplotlib
 
@@ -432,6 +470,21 @@ def _plots(folder: Path, runners: dict[str, Any] | None, overhead: dict[str, Any
         plt.close(fig)
         written.append("piecewise_prefill.png")
         break
+    if speculative:
+        rows = [r for r in speculative["rows"] if r["draft"] in (None, "exact")
+                and r["k"] in (None, 3)]
+        fig, ax = plt.subplots(figsize=(5.5, 4))
+        for mode in ("spec graphs", "spec eager", "decode graphs"):
+            mine = [r for r in rows if r["mode"] == mode]
+            ax.plot([r["batch_size"] for r in mine], [r["tokens_per_s"] for r in mine],
+                    marker="o", label=mode)
+        ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="tokens / s",
+               title="speculative decoding, K 3, acceptance 1.0")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(folder / "speculative_tokens.png", dpi=110)
+        plt.close(fig)
+        written.append("speculative_tokens.png")
     return written
 
 
@@ -449,6 +502,7 @@ def make_report(folder: Path) -> Path:
     tensor_parallel = _load(folder, "bench_tp.json")
     overlap = _load(folder, "bench_overlap.json")
     piecewise = _load(folder, "bench_piecewise.json")
+    speculative = _load(folder, "bench_speculative.json")
     # The JSON files may come from different runs (a benchmark rerun alone rewrites only its
     # own): name each dated one's machine and date rather than one for all.
     dated = ((path.name, _load(folder, path.name)) for path in sorted(folder.glob("*.json")))
@@ -485,7 +539,9 @@ def make_report(folder: Path) -> Path:
         lines += _overlap(overlap)
     if piecewise:
         lines += _piecewise(piecewise)
-    for plot in _plots(folder, runners, overhead, overlap, capture, piecewise):
+    if speculative:
+        lines += _speculative(speculative)
+    for plot in _plots(folder, runners, overhead, overlap, capture, piecewise, speculative):
         lines += [f"![{plot}]({plot})", ""]
     path = folder / "bench.md"
     path.write_text("\n".join(lines))
