@@ -48,6 +48,11 @@ class RunnerConfig:
         tensor_parallel_size: ranks the model is sharded over; the heads, state and
             intermediate sizes above are one rank's share (``num_heads`` of its query heads).
             Above 1, the runners need a communicator of that world size (``TP-8``).
+        expert_parallel_size: ranks the model's experts are sharded over (a mixture of
+            experts exchanging rows with an all-to-all, ``EP-*``). Above 1 with
+            ``tensor_parallel_size`` 1 (attention not sharded: data-parallel attention), the
+            runners need a communicator of that world size and must step the ranks together
+            (``DP-*``).
 
     :class:`ValueError` / :class:`TypeError` naming the field for an inconsistent config.
     """
@@ -67,6 +72,7 @@ class RunnerConfig:
     draft: bool = False
     kv_dtype: torch.dtype = torch.float32
     tensor_parallel_size: int = 1
+    expert_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layer_types", tuple(self.layer_types))
@@ -77,7 +83,7 @@ class RunnerConfig:
         if unknown:
             raise ValueError(f"layer_types holds {unknown}; known: {LAYER_TYPES}")
         for name in ("num_heads", "num_kv_heads", "head_dim", "hidden_size", "vocab_size",
-                     "tensor_parallel_size"):
+                     "tensor_parallel_size", "expert_parallel_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")

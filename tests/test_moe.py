@@ -84,14 +84,28 @@ def test_sharded_experts_equal_the_oracle(case: Any, world: int, extra: int) -> 
 def test_bad_shapes_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match="top_k"):
         impl.MoE(8, 6, 4, 5)
+    shape = dict(num_layers=1, hidden_size=8, num_heads=2, num_kv_heads=1, vocab_size=16,
+                 device="cpu")
     with pytest.raises(ValueError, match="num_experts"):
-        impl.build_model("moe", num_layers=1, hidden_size=8, num_heads=2, num_kv_heads=1,
-                         vocab_size=16, num_experts=0, device="cpu")
+        impl.build_model("moe", num_experts=0, **shape)
+    for bad in (True, 0, 5):
+        with pytest.raises(ValueError, match="num_experts_per_tok"):
+            impl.build_model("moe", num_experts_per_tok=bad, **shape)
 
     def rank(ctx: Any) -> None:
         with pytest.raises(ValueError, match="multiple of the world size"):
             impl.ExpertParallelMoE(_layer(0, 3, 1), ctx.communicator)
         with pytest.raises(ValueError, match="capacity"):
             impl.ExpertParallelMoE(_layer(0, 4, 1), ctx.communicator, capacity=0)
+        for kind, capacity in (("moe", 0), ("dense", 4)):
+            model = impl.build_model(kind, **{**shape, "num_heads": 2, "num_kv_heads": 2})
+            with pytest.raises(ValueError, match="expert_capacity"):
+                impl.shard_model(model, ctx.communicator, expert_capacity=capacity)
+        moe = impl.shard_model(impl.build_model("moe", **{**shape, "num_kv_heads": 2}),
+                               ctx.communicator, data_parallel_attention=True)
+        with pytest.raises(TypeError, match="data_parallel_attention"):
+            impl.ModelRunner(moe, device=ctx.device, max_running_requests=1,
+                             max_total_tokens=16, communicator=ctx.communicator,
+                             data_parallel_attention="yes")
 
     fakes.run_ranks(rank, 2)

@@ -107,8 +107,8 @@ def test_expert_parallel_with_all_to_all_in_graphs(tmp_path: Path, world: int) -
     and logits close, with NCCL's all-to-all captured in decode graphs and breakable segments
     and replayed (on one GPU, a world of one: the capture of ``all_to_all_single`` itself);
     bf16 logits under teacher forcing within 5% of the largest; data-parallel attention (the
-    last rank holding one request, then idle) replays every step in one graph, each rank's
-    logits equal its own requests' on one rank."""
+    last rank holding one request against the others' four, then idle) replays every step in
+    one graph, each rank's logits equal its own requests' on one rank."""
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} CUDA devices")
     for r in run_ranks("expert", tmp_path, world=world):

@@ -10,9 +10,10 @@ Tasks:
   guard refusing a step where the ranks' batches differ (``TP-2``) before anything launches.
 - ``expert``: the ``moe`` kind with its experts sharded over the ranks (``EP-1``): fp32 tokens
   and logits against one rank, its all-to-alls inside decode graphs and breakable segments;
-  bf16 logits under teacher forcing; then data-parallel attention (``DP-1``, ``DP-2``): rank
-  ``r`` holds ``r + 1`` fewer requests than the first rank, the last rank goes idle, every step
-  replayed in one graph, each rank's logits against its own requests on one rank.
+  bf16 logits under teacher forcing; then data-parallel attention (``DP-1``, ``DP-2``): the
+  last rank holds one request (the others four) and goes idle after two decode steps, every
+  step replayed in the graph of the largest rank, each rank's logits against its own requests
+  on one rank.
 - ``bench``: TP=2 decode eager against graph at batch 1, 8 and 32, prefill eager against
   breakable replay at 16, 128 and 512 tokens; a fixed number of samples per variant, so every
   rank makes the same calls.
@@ -157,11 +158,12 @@ def expert(device: Any, communicator: Any) -> dict[str, Any]:
     result["ep"]["bf16_max_diff"] = float((forced - forced_want).abs().max())
     result["ep"]["bf16_largest_logit"] = float(forced_want.abs().max())
     ep.close()
-    # Data-parallel attention: rank r holds the first 4 - r prompts; the last rank only one,
-    # and it goes idle after two decodes.
+    # Data-parallel attention: the last rank holds one request (padded into the others' graph
+    # of four) and goes idle after two decodes; the others hold four.
     rank, world = communicator.rank, communicator.world_size
-    mine = _PROMPTS[: max(1, 4 - rank)]
-    decodes = 2 if rank == world - 1 and world > 1 else 5
+    last = rank == world - 1 and world > 1
+    mine = _PROMPTS[:1] if last else _PROMPTS[:4]
+    decodes = 2 if last else 5
     alone = _runner(_moe(device, torch.float32), device, None, decode_cuda_graph=False,
                     prefill="eager")
     want_dp = _data_parallel_steps(alone, mine, decodes, decodes)

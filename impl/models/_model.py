@@ -225,6 +225,10 @@ def build_model(
         if sliding_window is None:
             raise ValueError("kind='hybrid_swa' needs sliding_window")
         _positive("sliding_window", sliding_window)
+    if kind == "moe" and isinstance(num_experts_per_tok, int) and \
+            isinstance(num_experts, int) and num_experts_per_tok > num_experts:
+        raise ValueError(f"num_experts_per_tok ({num_experts_per_tok}) must be at most "
+                         f"num_experts ({num_experts})")
     if kind == "hybrid_swa":
         types = tuple("swa" if i % 2 == 0 else "full" for i in range(num_layers))
     elif kind == "recurrent":
@@ -238,7 +242,8 @@ def build_model(
         sliding_window=sliding_window if kind == "hybrid_swa" else None, layer_types=types,
         long_rope_threshold=long_rope_threshold,
         num_experts=_positive("num_experts", num_experts) if kind == "moe" else 0,
-        num_experts_per_tok=num_experts_per_tok if kind == "moe" else 0,
+        num_experts_per_tok=(_positive("num_experts_per_tok", num_experts_per_tok)
+                             if kind == "moe" else 0),
     )
     # The seeded draws use the process-wide CPU generator, seeded then restored: under a lock,
     # so that models built on several threads at once (ranks of the multi-rank fake) each get

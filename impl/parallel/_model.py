@@ -138,14 +138,15 @@ class TensorParallelCausalLM(CausalLM):
         """One rank's shape (see the class docstring); with data-parallel attention the whole
         model's (attention is not sharded: ``tensor_parallel_size`` 1)."""
         full = super().runner_config
+        experts = self.world_size if self.config.kind == "moe" else 1
         if self.data_parallel_attention:
-            return full
+            return dataclasses.replace(full, expert_parallel_size=experts)
         world = self.world_size
         state = full.recurrent_state_shape
         return dataclasses.replace(
             full, num_heads=full.num_heads // world, num_kv_heads=full.num_kv_heads // world,
             recurrent_state_shape=(state[0] // world,) if state else (),
-            tensor_parallel_size=world,
+            tensor_parallel_size=world, expert_parallel_size=experts,
         )
 
 
@@ -167,6 +168,14 @@ def shard_model(model: CausalLM, communicator: Any, *, expert_capacity: int | No
         raise TypeError(f"model must be a one-rank reference CausalLM, got {type(model).__name__}")
     if not isinstance(communicator, Communicator):
         raise TypeError(f"communicator must be a spec.Communicator, got {communicator!r}")
+    if expert_capacity is not None:
+        if isinstance(expert_capacity, bool) or not isinstance(expert_capacity, int) or \
+                expert_capacity < 1:
+            raise ValueError(f"expert_capacity must be a positive int or None, got "
+                             f"{expert_capacity!r}")
+        if model.config.kind != "moe":
+            raise ValueError(f"expert_capacity sizes the experts' all-to-all of the moe kind; "
+                             f"the model is {model.config.kind!r}")
     sharded = TensorParallelCausalLM(model, communicator, expert_capacity,
                                      data_parallel_attention)
     return sharded.eval().requires_grad_(False)

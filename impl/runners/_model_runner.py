@@ -34,9 +34,22 @@ __all__ = ["ModelRunner", "ModelRunnerStats"]
 
 PrefillMode = Literal["eager", "breakable"]
 
-def _check_data_parallel(communicator: Any, config: RunnerConfig, sanitize: str) -> None:
+def _check_data_parallel(wanted: bool, communicator: Any, config: RunnerConfig,
+                         sanitize: str) -> None:
+    experts = config.expert_parallel_size
+    if not wanted:
+        if experts > 1 and config.tensor_parallel_size == 1:
+            raise ValueError(
+                f"ModelRunner: the model's experts are sharded over {experts} ranks and its "
+                "attention is not (shard_model(..., data_parallel_attention=True)): pass "
+                "data_parallel_attention=True and communicator= so that the ranks step together")
+        return
     if communicator is None:
         raise ValueError("data_parallel_attention needs communicator= (its ranks step together)")
+    if experts > 1 and experts != getattr(communicator, "world_size", None):
+        raise ValueError(f"data_parallel_attention: the model's experts are sharded over "
+                         f"{experts} ranks, the communicator has world size "
+                         f"{getattr(communicator, 'world_size', None)!r}")
     if config.tensor_parallel_size != 1:
         raise ValueError(
             f"data_parallel_attention serves a model whose attention is not sharded, and this "
@@ -95,9 +108,11 @@ class ModelRunner:
             :meth:`close` releases the graphs before the process group is destroyed.
         data_parallel_attention: ranks hold different batches (other counts and lengths, or
             none: :meth:`idle`) of a model whose attention is not sharded and whose experts
-            are (:func:`impl.shard_model` with ``data_parallel_attention=True``): every step
-            is padded to the largest rank's captured size and replayed by every rank
-            (:class:`~impl.DataParallelAttention`, or a factory ``runner -> steps``). Needs the
+            are (:func:`impl.shard_model` with ``data_parallel_attention=True``, required for
+            such a model): every step is padded to the largest rank's captured size and
+            replayed by every rank, or run eagerly on every rank when some rank's batch fits
+            no captured size (:class:`~impl.DataParallelAttention`, or a factory ``runner ->
+            steps``). Needs the
             communicator; the sanitizer's replay shadows are not offered with it.
         draft, num_speculative_tokens: speculative decoding (:class:`~impl.Speculator`, with
             its verify and draft-extend graphs where ``decode_cuda_graph``); the second alone
@@ -153,8 +168,10 @@ class ModelRunner:
                 "(a spec.RunnerConfig) or pass model_config= (a config attribute, such as a "
                 "transformers PretrainedConfig, is never read)"
             )
-        if data_parallel_attention:
-            _check_data_parallel(communicator, config, sanitize)
+        if not (isinstance(data_parallel_attention, bool) or callable(data_parallel_attention)):
+            raise TypeError(f"data_parallel_attention must be a bool or a factory "
+                            f"runner -> steps, got {data_parallel_attention!r}")
+        _check_data_parallel(bool(data_parallel_attention), communicator, config, sanitize)
         communicator = check_communicator(
             "ModelRunner", communicator, communicator.world_size if data_parallel_attention
             else config.tensor_parallel_size)
@@ -193,6 +210,7 @@ class ModelRunner:
         self.decode_runner: Any = None
         self.prefill_runner: Any = None
         self.speculator: Speculator | None = None
+        self.data_parallel: DataParallelAttention | None = None
         try:
             if draft is not None:
                 self.speculator = Speculator.for_draft_model(
@@ -208,14 +226,13 @@ class ModelRunner:
                     lambda target, sizes: CudaGraphRunner(target, capture_bs=sizes)
                 )
                 self.decode_runner = make(self._target, capture_bs)
+            if data_parallel_attention:
+                make_steps = (DataParallelAttention if data_parallel_attention is True
+                              else data_parallel_attention)
+                self.data_parallel = make_steps(self)
         except BaseException:
             self.close()  # the graphs captured so far go before the caller sees the error
             raise
-        self.data_parallel: DataParallelAttention | None = None
-        if data_parallel_attention:
-            make_steps = (DataParallelAttention if data_parallel_attention is True
-                          else data_parallel_attention)
-            self.data_parallel = make_steps(self)
 
     def graph_target(self) -> GraphTarget:
         """What graph runners wrap (:class:`~impl.GraphTarget`): the model, backend and cache,

@@ -111,13 +111,21 @@ class _Setup:
             self.runner = _runner(device, target, bs, graphs=True)
             self.scheduler = impl.Scheduler(self.runner)
             self.speculator = None
+            self.drafter = None
             return
         graphs = mode == "spec graphs"
         self.runner = _runner(device, target, bs, k=k)
-        drafter = _runner(device, draft, bs, k=k)
-        self.speculator = impl.Speculator(self.runner, drafter, k, graphs=graphs,
+        self.drafter = _runner(device, draft, bs, k=k)
+        self.speculator = impl.Speculator(self.runner, self.drafter, k, graphs=graphs,
                                           capture_bs=[bs])
         self.scheduler = impl.Scheduler(self.runner, speculator=self.speculator)
+
+    def close(self) -> None:
+        """Release every graph (their pools stay held until then)."""
+        if self.speculator is not None:
+            self.speculator.close()
+            self.drafter.close()
+        self.runner.close()
 
     def generate(self, prompts: list[list[int]], new: int) -> impl.GenerateOutput:
         return self.scheduler.generate(prompts, new, return_logits=False)
@@ -145,6 +153,16 @@ def measure(device: Any, mode: str, bs: int, k: int, pair: tuple[Any, Any], *,
             timed: bool = True) -> dict[str, Any]:
     """One row of the report (see the module docstring)."""
     setup = _Setup(device, mode, bs, k, pair)
+    try:
+        return _measure(setup, device, pair, new_tokens=new_tokens, repeats=repeats,
+                        timed=timed)
+    finally:
+        setup.close()
+
+
+def _measure(setup: _Setup, device: Any, pair: tuple[Any, Any], *, new_tokens: int,
+             repeats: int, timed: bool) -> dict[str, Any]:
+    mode, bs, k = setup.mode, setup.bs, setup.k
     prompts = _prompts(bs, PROMPT_LEN, pair[0].config.vocab_size, seed=bs)
     setup.generate(prompts, min(8, new_tokens))  # warm-up: allocator, kernels
     walls, out = [], None
@@ -218,12 +236,15 @@ def host_profile(device: Any, shape: ModelShape, bs: int, k: int, top: int = 15,
     with the most own time per round."""
     setup = _Setup(device, "spec graphs", bs, k, build_pair(device, shape))
     prompts = _prompts(bs, PROMPT_LEN, shape.vocab_size, seed=bs)
-    setup.generate(prompts, 8)
-    profiler = cProfile.Profile()
-    profiler.enable()
-    out = setup.generate(prompts, NEW_TOKENS)
-    device.synchronize()
-    profiler.disable()
+    try:
+        setup.generate(prompts, 8)
+        profiler = cProfile.Profile()
+        profiler.enable()
+        out = setup.generate(prompts, NEW_TOKENS)
+        device.synchronize()
+        profiler.disable()
+    finally:
+        setup.close()
     rounds = max(len(a) for a in out.accepted or [[1]])
     rows = []
     for (file, line, name), (_, calls, own, cumulative, _) in pstats.Stats(  # type: ignore[attr-defined]
@@ -301,5 +322,7 @@ def test_speculative_bench_smoke_cpu() -> None:
     by = {(r["mode"], r["draft"]): r for r in rows}
     assert by[("spec graphs", "exact")]["acceptance"] == 1.0
     assert by[("spec eager", "perturbed")]["acceptance"] < 1.0
-    assert all(by[("spec graphs", d)]["replays"] and not any(
-        by[("spec graphs", d)]["eager_fallbacks"]) for d in ("exact", "perturbed"))
+    for draft in ("exact", "perturbed"):
+        row = by[("spec graphs", draft)]
+        assert row["replays"] and all(row["replays"]), row["replays"]
+        assert not any(row["eager_fallbacks"]), row["eager_fallbacks"]

@@ -131,3 +131,23 @@ def test_steps_of_different_modes_are_refused(backend: Any) -> None:
 
     first, second = fakes.run_ranks(rank, 2, make_device=backend.make_device)
     assert first == second and "DECODE" in first and "EXTEND" in first, first
+
+
+@pytest.mark.strict
+@pytest.mark.clause("DP-1")
+def test_a_model_with_sharded_experts_and_whole_attention_needs_the_mode(backend: Any) -> None:
+    """A model whose experts are sharded and whose attention is not cannot step alone: a model
+    runner without ``data_parallel_attention=True`` (or without the communicator) is refused,
+    naming what to pass."""
+
+    def rank(ctx: Any) -> None:
+        full = impl.build_model("moe", device=ctx.device.device, **_SHAPE)
+        model = impl.shard_model(full, ctx.communicator, data_parallel_attention=True)
+        assert model.runner_config.expert_parallel_size == 2
+        for communicator in (ctx.communicator, None):
+            with pytest.raises(ValueError, match="data_parallel_attention=True"):
+                _runner(model, ctx.device, communicator, graphs=False)
+        with pytest.raises(ValueError, match="needs communicator="):
+            _runner(model, ctx.device, None, graphs=False, data_parallel=True)
+
+    fakes.run_ranks(rank, 2, make_device=backend.make_device)

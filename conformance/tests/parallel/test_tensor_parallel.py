@@ -191,6 +191,8 @@ def test_equal_batch_sizes_with_other_tokens_never_launch_apart(backend: Any,
             runner.extend(requests)
         except spec.CollectiveMismatch as error:
             return error
+        finally:
+            runner.close()
         return None
 
     errors = _ranks(backend, rank)
