@@ -6,6 +6,9 @@ Usage::
                           [--xfail-file PATH] [--model MODULE:FACTORY]
                           [--sanitize off|captures|replays|all] [-- PYTEST_ARGS]
 
+``PYTEST_ARGS`` that name test packages or modules of the suite (``conformance.tests.registry``,
+``conformance.tests.parallel.test_expert_parallel``) run those only, collecting nothing else.
+
 ``NAME`` is ``fake`` (the default, or ``$CONFORMANCE_BACKEND``), ``cuda``, or ``module:factory``
 for a third party's adapter. ``--level`` selects the tests: ``core`` (what engines depend on for
 correct results), ``strict`` (the reference's stronger promises) or ``all`` (the default). The
@@ -93,10 +96,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"conformance: error: {error}", file=sys.stderr)
         return 2
     extra = [a for a in args.pytest_args if a != "--"]
+    # Families named as packages (``conformance.tests.registry``) replace the whole suite, so
+    # only they are collected.
+    families = [a for a in extra if a.startswith("conformance.tests")]
+    extra = [a for a in extra if a not in families]
     command = [
         sys.executable, "-m", "pytest",
         "-p", "conformance.plugin",
-        "--pyargs", "conformance",
+        "--pyargs", *(families or ["conformance"]),
         f"--backend={args.backend}",
         f"--report-dir={args.report_dir}",
         f"--conformance-level={args.level}",
