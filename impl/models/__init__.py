@@ -12,7 +12,7 @@ from ._context import (
 from ._kv_cache import HybridSWAKVCache, KVCache
 from ._layers import AttentionMixer, DecoderLayer, RecurrentMixer, SwiGLU, paged_attention
 from ._model import CausalLM, LayerStack, ModelConfig, ModelKind, build_model
-from ._moe import MoE, one_hot, real_tokens, route, routed_rows
+from ._moe import MoE, one_hot, real_tokens, route, routed_rows, swiglu_experts
 from ._transformers import (
     ATTENTION_FUNCTION,
     EXPERTS_IMPLEMENTATION,
@@ -53,4 +53,5 @@ __all__ = [
     "route",
     "routed_rows",
     "set_forward_context",
+    "swiglu_experts",
 ]

@@ -225,10 +225,13 @@ def build_model(
         if sliding_window is None:
             raise ValueError("kind='hybrid_swa' needs sliding_window")
         _positive("sliding_window", sliding_window)
-    if kind == "moe" and isinstance(num_experts_per_tok, int) and \
-            isinstance(num_experts, int) and num_experts_per_tok > num_experts:
-        raise ValueError(f"num_experts_per_tok ({num_experts_per_tok}) must be at most "
-                         f"num_experts ({num_experts})")
+    experts = per_token = 0
+    if kind == "moe":
+        experts = _positive("num_experts", num_experts)
+        per_token = _positive("num_experts_per_tok", num_experts_per_tok)
+        if per_token > experts:
+            raise ValueError(f"num_experts_per_tok ({per_token}) must be at most num_experts "
+                             f"({experts})")
     if kind == "hybrid_swa":
         types = tuple("swa" if i % 2 == 0 else "full" for i in range(num_layers))
     elif kind == "recurrent":
@@ -241,9 +244,7 @@ def build_model(
         intermediate_size=intermediate_size or 2 * hidden_size, vocab_size=vocab_size,
         sliding_window=sliding_window if kind == "hybrid_swa" else None, layer_types=types,
         long_rope_threshold=long_rope_threshold,
-        num_experts=_positive("num_experts", num_experts) if kind == "moe" else 0,
-        num_experts_per_tok=(_positive("num_experts_per_tok", num_experts_per_tok)
-                             if kind == "moe" else 0),
+        num_experts=experts, num_experts_per_tok=per_token,
     )
     # The seeded draws use the process-wide CPU generator, seeded then restored: under a lock,
     # so that models built on several threads at once (ranks of the multi-rank fake) each get

@@ -14,7 +14,7 @@ from torch import nn
 
 from ._context import current_forward_context
 
-__all__ = ["MoE", "one_hot", "real_tokens", "route", "routed_rows"]
+__all__ = ["MoE", "one_hot", "real_tokens", "route", "routed_rows", "swiglu_experts"]
 
 
 def route(router_logits: torch.Tensor, top_k: int,
@@ -38,6 +38,14 @@ def routed_rows(experts: torch.Tensor, real: torch.Tensor, num_experts: int) -> 
     """How many rows of real tokens route to each expert (``[num_experts]`` int64), from each
     row's experts ``[T, top_k]`` and which rows are real ``[T]``."""
     return (one_hot(experts, num_experts) & real[:, None, None]).sum(dim=(0, 1))
+
+
+def swiglu_experts(rows: torch.Tensor, gate_up: torch.Tensor,
+                   down: torch.Tensor) -> torch.Tensor:
+    """Expert ``e``'s SwiGLU over its rows: ``rows [E, N, H]`` through ``gate_up [E, 2I, H]``
+    and ``down [E, H, I]`` gives ``[E, N, H]``."""
+    gate, up = torch.einsum("enh,eih->eni", rows, gate_up).chunk(2, dim=-1)
+    return torch.einsum("eni,ehi->enh", nn.functional.silu(gate) * up, down)
 
 
 def real_tokens(num_tokens: int, device: torch.device) -> torch.Tensor:
@@ -82,8 +90,7 @@ class MoE(nn.Module):
         real = real_tokens(x.shape[0], x.device)
         weights, experts = route(self.router(x), self.top_k, real)
         self.count_load(experts, real)
-        gate, up = torch.einsum("th,eih->eti", x, self.gate_up).chunk(2, dim=-1)
-        out = torch.einsum("eti,ehi->eth", nn.functional.silu(gate) * up, self.down)
+        out = swiglu_experts(x.expand(self.num_experts, *x.shape), self.gate_up, self.down)
         tokens = torch.arange(x.shape[0], device=x.device)[:, None]
         picked = out[experts, tokens]  # [T, top_k, H]
         return (picked * weights[..., None].to(x.dtype)).sum(dim=1)

@@ -264,11 +264,11 @@ def _experts_switchable(hf_model: nn.Module, config: Any) -> bool:
     # The decorator replaces the experts class's forward with its dispatcher, defined in
     # transformers' integrations/moe.py in every release that has one (functools.wraps, where
     # used, keeps the name of the forward it wraps, not its code).
-    dispatchers = [type(m).forward for m in hf_model.modules()
-                   if type(m).__name__.endswith("Experts")]
-    return bool(dispatchers) and all(
-        Path(getattr(f, "__code__", None).co_filename).parts[-2:] == ("integrations", "moe.py")
-        for f in dispatchers if getattr(f, "__code__", None) is not None)
+    codes = [getattr(type(m).forward, "__code__", None) for m in hf_model.modules()
+             if type(m).__name__.endswith("Experts")]
+    return bool(codes) and all(
+        code is not None and Path(code.co_filename).parts[-2:] == ("integrations", "moe.py")
+        for code in codes)
 
 
 def _rope_types(config: Any) -> list[str]:

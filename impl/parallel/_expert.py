@@ -8,7 +8,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..models import MoE, current_forward_context, one_hot, real_tokens, route, routed_rows
+from ..models import (
+    MoE,
+    current_forward_context,
+    one_hot,
+    real_tokens,
+    route,
+    routed_rows,
+    swiglu_experts,
+)
 
 __all__ = ["ExpertParallelMoE"]
 
@@ -90,7 +98,8 @@ class ExpertParallelMoE(nn.Module):
         slabs[where] = x.repeat_interleave(k, dim=0)
         send = slabs[:trash].view(world, local, capacity, hidden)
         got, got_counts = self.communicator.all_to_all(send, counts.view(world, local))
-        out = self._experts(got.transpose(0, 1).reshape(local, world * capacity, hidden))
+        out = swiglu_experts(got.transpose(0, 1).reshape(local, world * capacity, hidden),
+                             self.gate_up, self.down)
         back = out.view(local, world, capacity, hidden).transpose(0, 1).contiguous()
         returned, _ = self.communicator.all_to_all(back, got_counts)
         flat = torch.cat((returned.reshape(trash, hidden), x.new_zeros(1, hidden)))
@@ -103,8 +112,3 @@ class ExpertParallelMoE(nn.Module):
         counts = routed_rows(experts, real, self.num_experts)
         self.expert_load.add_(counts)
         return counts
-
-    def _experts(self, slab: torch.Tensor) -> torch.Tensor:
-        """Each local expert over its rows: ``[local, N, H] -> [local, N, H]``."""
-        gate, up = torch.einsum("enh,eih->eni", slab, self.gate_up).chunk(2, dim=-1)
-        return torch.einsum("eni,ehi->enh", nn.functional.silu(gate) * up, self.down)

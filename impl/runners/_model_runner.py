@@ -34,6 +34,7 @@ __all__ = ["ModelRunner", "ModelRunnerStats"]
 
 PrefillMode = Literal["eager", "breakable"]
 
+
 def _check_data_parallel(wanted: bool, communicator: Any, config: RunnerConfig,
                          sanitize: str) -> None:
     experts = config.expert_parallel_size
@@ -112,8 +113,8 @@ class ModelRunner:
             such a model): every step is padded to the largest rank's captured size and
             replayed by every rank, or run eagerly on every rank when some rank's batch fits
             no captured size (:class:`~impl.DataParallelAttention`, or a factory ``runner ->
-            steps``). Needs the
-            communicator; the sanitizer's replay shadows are not offered with it.
+            steps``). Needs the communicator; the sanitizer's replay shadows are not offered
+            with it.
         draft, num_speculative_tokens: speculative decoding (:class:`~impl.Speculator`, with
             its verify and draft-extend graphs where ``decode_cuda_graph``); the second alone
             sizes the attention for speculative steps.
@@ -173,8 +174,8 @@ class ModelRunner:
                             f"runner -> steps, got {data_parallel_attention!r}")
         _check_data_parallel(bool(data_parallel_attention), communicator, config, sanitize)
         communicator = check_communicator(
-            "ModelRunner", communicator, communicator.world_size if data_parallel_attention
-            else config.tensor_parallel_size)
+            "ModelRunner", communicator, getattr(communicator, "world_size", None)
+            if data_parallel_attention else config.tensor_parallel_size)
         self.model = model
         self.config = config
         self.device = device

@@ -359,6 +359,14 @@ def _piecewise(data: dict[str, Any]) -> list[str]:
     return out
 
 
+def _save(plt: Any, fig: Any, path: Path) -> str:
+    """Lay ``fig`` out, write it to ``path`` and close it; the file's name."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
 def _plots(folder: Path, runners: dict[str, Any] | None, overhead: dict[str, Any] | None,
            overlap: dict[str, Any] | None = None,
            capture: dict[str, Any] | None = None,
@@ -392,10 +400,7 @@ def _plots(folder: Path, runners: dict[str, Any] | None, overhead: dict[str, Any
             ax.set(xscale="log", yscale="log", xlabel="prefill tokens (1 request)",
                    ylabel="ms per step", title=label)
             ax.legend()
-        fig.tight_layout()
-        fig.savefig(folder / "prefill_latency.png", dpi=110)
-        plt.close(fig)
-        written.append("prefill_latency.png")
+        written.append(_save(plt, fig, folder / "prefill_latency.png"))
     if overhead:
         rows = overhead["results"]
         fig, ax = plt.subplots(figsize=(5, 3.5))
@@ -409,10 +414,7 @@ def _plots(folder: Path, runners: dict[str, Any] | None, overhead: dict[str, Any
         ax.set(xlabel="segments", ylabel="us per segment over the hand loop",
                title="breakable replay overhead")
         ax.legend()
-        fig.tight_layout()
-        fig.savefig(folder / "segment_overhead.png", dpi=110)
-        plt.close(fig)
-        written.append("segment_overhead.png")
+        written.append(_save(plt, fig, folder / "segment_overhead.png"))
     if overlap:
         fig, ax = plt.subplots(figsize=(6, 3.5))
         modes = ("eager", "graphs", "graphs overlapped")
@@ -428,10 +430,7 @@ def _plots(folder: Path, runners: dict[str, Any] | None, overhead: dict[str, Any
         ax.set(xticks=range(len(sizes)), xticklabels=[f"bs {bs}" for bs in sizes],
                ylabel="GPU busy %", title="decode: GPU busy, steps 20-220")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(folder / "overlap_busy.png", dpi=110)
-        plt.close(fig)
-        written.append("overlap_busy.png")
+        written.append(_save(plt, fig, folder / "overlap_busy.png"))
     if capture:
         rows = capture["capture_seconds"]
         fig, ax = plt.subplots(figsize=(5, 3.5))
@@ -449,10 +448,7 @@ def _plots(folder: Path, runners: dict[str, Any] | None, overhead: dict[str, Any
         ax.set(xscale="log", xlabel="prefill tokens", ylabel="capture seconds ratio",
                title="capture cost: breakable over full graph")
         ax.legend()
-        fig.tight_layout()
-        fig.savefig(folder / "capture_cost.png", dpi=110)
-        plt.close(fig)
-        written.append("capture_cost.png")
+        written.append(_save(plt, fig, folder / "capture_cost.png"))
     for name, section in (piecewise or {}).get("prefill", {}).items():
         rows = [r for r in section["results"] if r["requests"] == 1]
         fig, ax = plt.subplots(figsize=(5.5, 4))
@@ -465,10 +461,7 @@ def _plots(folder: Path, runners: dict[str, Any] | None, overhead: dict[str, Any
         ax.set(xscale="log", yscale="log", xlabel="prefill tokens (1 request)",
                ylabel="ms per step", title=f"prefill against piecewise compile ({name})")
         ax.legend()
-        fig.tight_layout()
-        fig.savefig(folder / "piecewise_prefill.png", dpi=110)
-        plt.close(fig)
-        written.append("piecewise_prefill.png")
+        written.append(_save(plt, fig, folder / "piecewise_prefill.png"))
         break
     if speculative:
         rows = [r for r in speculative["rows"] if r["draft"] in (None, "exact")
@@ -481,10 +474,7 @@ def _plots(folder: Path, runners: dict[str, Any] | None, overhead: dict[str, Any
         ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="tokens / s",
                title="speculative decoding, K 3, acceptance 1.0")
         ax.legend()
-        fig.tight_layout()
-        fig.savefig(folder / "speculative_tokens.png", dpi=110)
-        plt.close(fig)
-        written.append("speculative_tokens.png")
+        written.append(_save(plt, fig, folder / "speculative_tokens.png"))
     return written
 
 
