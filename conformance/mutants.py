@@ -712,22 +712,40 @@ def _padding_counted_as_load(model: Any) -> Any:
     return model
 
 
+def _graphs_share_one_buffer(model: Any) -> Any:
+    """Every expert layer sizes its low-latency calls by the step's rows: each captured size
+    has its own layout on the one buffer of the rank (DeepEP #93)."""
+    for module in model.modules():
+        if isinstance(module, impl.ExpertParallelMoE):
+            module.capacity = None
+    return model
+
+
+def _no_prepare_replay(runner: Any, proceed: Any, batch: Any) -> None:
+    pass  # the replay finds the buffer as the last eager step left it (SGLang #11666)
+
+
 @dataclasses.dataclass(frozen=True)
 class ExpertMutant:
     """An expert-parallel regression: the clause it breaks, the field bug, the
-    ``expert_capacity`` it shards with (``None``: the reference's) and how it changes the
-    sharded model (``model``, or ``None``)."""
+    ``expert_capacity`` it shards with (``None``: the reference's), how it changes the sharded
+    model (``model``, or ``None``) and the hooks of its decode ladder (``decode_hooks``)."""
 
     clause: str
     bug: str
     expert_capacity: int | None = None
     model: Callable[[Any], Any] | None = None
+    decode_hooks: dict[str, Callable[..., Any]] = dataclasses.field(default_factory=dict)
 
 
 EP_MUTANTS: Final[dict[str, ExpertMutant]] = {
     "capacity_below_padded_tokens": ExpertMutant("EP-2", "SGLang #29942", expert_capacity=2),
     "padding_counted_as_load": ExpertMutant("EP-3", "vLLM #38128",
                                             model=_padding_counted_as_load),
+    "graphs_share_one_buffer": ExpertMutant("EP-4", "DeepEP #93",
+                                            model=_graphs_share_one_buffer),
+    "mode_not_restored": ExpertMutant("EP-4", "SGLang #11666",
+                                      decode_hooks={"prepare_replay": _no_prepare_replay}),
 }
 """Expert-parallel mutant name -> :class:`ExpertMutant`, each caught at core on the multi-rank
 fake by the test of its clause in ``conformance/tests/parallel/test_expert_parallel.py``."""

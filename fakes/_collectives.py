@@ -23,10 +23,17 @@ from typing import Any, TypeVar
 
 import torch
 
-from spec.errors import CapacityExceeded, CollectiveMismatch
+from spec.errors import (
+    BufferParity,
+    CapacityExceeded,
+    CollectiveMismatch,
+    ModeMismatch,
+    UnsupportedInCapture,
+)
 from spec.parallel import CollectiveKind, CollectiveMode, CollectiveRecord
 
 from ._device import FakeDevice
+from ._low_latency import FakeLowLatencyBuffer, advance, verdict
 from ._mode import Recorder
 from ._ops import register_op_handler
 
@@ -75,11 +82,26 @@ def _all_to_all_meta(x: torch.Tensor, counts: torch.Tensor, group: int,
     return x.new_empty(x.shape), counts.new_empty(counts.shape)
 
 
+@torch.library.custom_op("cudagraph_fake::low_latency_all_to_all", mutates_args=("state",))
+def _low_latency_all_to_all(x: torch.Tensor, counts: torch.Tensor, state: torch.Tensor,
+                            group: int, rank: int,
+                            slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _member(group, rank).exchange_slabs(x, counts, (state, slot))
+
+
+@_low_latency_all_to_all.register_fake
+def _low_latency_all_to_all_meta(x: torch.Tensor, counts: torch.Tensor, state: torch.Tensor,
+                                 group: int, rank: int,
+                                 slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.new_empty(x.shape), counts.new_empty(counts.shape)
+
+
 _OPS = (torch.ops.cudagraph_fake.all_reduce_.default, torch.ops.cudagraph_fake.all_gather.default,
-        torch.ops.cudagraph_fake.all_to_all.default)
+        torch.ops.cudagraph_fake.all_to_all.default,
+        torch.ops.cudagraph_fake.low_latency_all_to_all.default)
 _KINDS: dict[Any, CollectiveKind] = {_OPS[0]: "all_reduce", _OPS[1]: "all_gather",
-                                     _OPS[2]: "all_to_all"}
-_GROUP_ARG = {_OPS[0]: 1, _OPS[1]: 1, _OPS[2]: 2}  # where the group id and rank follow
+                                     _OPS[2]: "all_to_all", _OPS[3]: "all_to_all"}
+_GROUP_ARG = {_OPS[0]: 1, _OPS[1]: 1, _OPS[2]: 2, _OPS[3]: 3}  # the group id, then the rank
 
 
 def _member(group: int, rank: int) -> FakeCommunicator:
@@ -98,6 +120,11 @@ def _captured_collective(recorder: Recorder, func: Any, args: Any, kwargs: Any) 
     ``"capture"`` call (every rank must capture it at the same point), then recorded."""
     x = args[0]
     group, rank = args[_GROUP_ARG[func]], args[_GROUP_ARG[func] + 1]
+    if func is _OPS[3] and args[5] < 0:
+        raise UnsupportedInCapture(
+            "low_latency_buffer().normal_all_to_all",
+            detail="DeepEP's normal-mode dispatch reads the counts on the host; graphs record "
+                   "the low-latency one (EP-4)")
     _member(group, rank).group.call(
         rank, _KINDS[func], None, tuple(x.shape), _dtype_name(x), "capture",
         recorder.capture.label,
@@ -242,6 +269,7 @@ class FakeCommunicator:
         self.rank = rank
         self.world_size = group.world_size
         self.device = device
+        self._buffer: FakeLowLatencyBuffer | None = None
 
     def __repr__(self) -> str:
         return f"<FakeCommunicator rank {self.rank} of {self.group!r}>"
@@ -264,13 +292,25 @@ class FakeCommunicator:
         its ``counts`` (``[world, local_experts]``); every rank's slab for this rank and their
         counts, in source-rank order. :class:`spec.CapacityExceeded` on every rank when any
         rank's count exceeds the capacity (``EP-2``), eagerly and at every replay."""
+        self.check_slabs(x, counts)
+        return torch.ops.cudagraph_fake.all_to_all(x.contiguous(), counts.contiguous(),
+                                                   self.group.id, self.rank)
+
+    def check_slabs(self, x: torch.Tensor, counts: torch.Tensor) -> None:
+        """:class:`ValueError` unless ``x`` and ``counts`` are an all-to-all's slabs and counts
+        over this group."""
         if x.dim() < 3 or x.shape[0] != self.world_size or \
                 tuple(counts.shape) != tuple(x.shape[:2]):
             raise ValueError(
                 f"all_to_all takes x [world={self.world_size}, local_experts, capacity, ...] and "
                 f"counts [world, local_experts], got {tuple(x.shape)} and {tuple(counts.shape)}")
-        return torch.ops.cudagraph_fake.all_to_all(x.contiguous(), counts.contiguous(),
-                                                   self.group.id, self.rank)
+
+    def low_latency_buffer(self) -> FakeLowLatencyBuffer:
+        """This rank's DeepEP-style :class:`spec.LowLatencyBuffer` (made at the first call, the
+        same object after)."""
+        if self._buffer is None:
+            self._buffer = FakeLowLatencyBuffer(self)
+        return self._buffer
 
     def barrier(self) -> None:
         """Return once every rank called it."""
@@ -283,16 +323,32 @@ class FakeCommunicator:
         values = self.group.call(self.rank, "exchange", sent, None, None, "eager", None)
         return [pickle.loads(v) for v in values]
 
-    def exchange_slabs(self, x: torch.Tensor,
-                       counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The kernel of an all-to-all, run eagerly or by a replay: matched, every rank's
-        counts checked against the capacity, then each source rank's slab for this rank."""
-        values = self._matched("all_to_all", x, (x.detach().clone(), counts.detach().clone()))
+    def exchange_slabs(
+        self, x: torch.Tensor, counts: torch.Tensor,
+        buffer: tuple[torch.Tensor, int] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kernel of an all-to-all, run eagerly or by a replay: matched; through a
+        low-latency ``buffer`` (its state and the call's slot, ``-1`` in normal mode), every
+        rank's buffer state checked (``EP-4``); every rank's counts checked against the
+        capacity (``EP-2``); then each source rank's slab for this rank."""
         capacity = x.shape[2]
-        if any(int(c.max()) > capacity for _, c in values):
-            raise CapacityExceeded(capacity, tuple(c.tolist() for _, c in values))
-        return (torch.stack([slabs[self.rank] for slabs, _ in values]),
-                torch.stack([c[self.rank] for _, c in values]))
+        wrong = None if buffer is None else verdict(buffer[0], buffer[1], capacity)
+        values = self._matched("all_to_all", x,
+                               (x.detach().clone(), counts.detach().clone(), wrong))
+        sequences = self.group.sequences()
+        index = len(sequences[self.rank]) - 1
+        problems = [None if v is None else v[0] for _, _, v in values]
+        if "mode" in problems:
+            raise ModeMismatch(tuple(p == "mode" for p in problems), index, sequences)
+        if "parity" in problems:
+            raise BufferParity(tuple(v[1:] for _, _, v in values), index, sequences)
+        if any(int(c.max()) > capacity for _, c, _ in values):
+            raise CapacityExceeded(capacity, tuple(c.tolist() for _, c, _ in values), index,
+                                   sequences)
+        if buffer is not None:
+            advance(buffer[0], buffer[1], capacity)
+        return (torch.stack([slabs[self.rank] for slabs, _, _ in values]),
+                torch.stack([c[self.rank] for _, c, _ in values]))
 
     def _matched(self, kind: CollectiveKind, x: torch.Tensor, payload: Any) -> list[Any]:
         graph = self.device.replaying_graph()

@@ -53,6 +53,8 @@ from .models import (
 )
 from .parallel import (
     TP_KINDS,
+    AllToAllBuffer,
+    DeepEPMode,
     ExpertParallelMoE,
     PaddedStep,
     RowParallelLinear,
@@ -64,6 +66,7 @@ from .parallel import (
     agree_on_step,
     check_same,
     checked_key,
+    restore_low_latency,
     shard_model,
 )
 from .registry import (
@@ -122,6 +125,7 @@ from .sanitizer import (
 
 __all__ = [
     "ATTENTION_FUNCTION",
+    "AllToAllBuffer",
     "AttentionBackendFactory",
     "AttentionMetadata",
     "Axis",
@@ -142,6 +146,7 @@ __all__ = [
     "DRAFT_DECODE_STEPS",
     "DataParallelAttention",
     "DecodeRecipe",
+    "DeepEPMode",
     "DraftDecodeRecipe",
     "EXPERTS_IMPLEMENTATION",
     "ExpertParallelMoE",
@@ -216,6 +221,7 @@ __all__ = [
     "is_recording_segment",
     "paged_attention",
     "resolve_layer_stack",
+    "restore_low_latency",
     "set_forward_context",
     "shard_model",
     "share_input_buffer",

@@ -44,6 +44,7 @@ from .contracts import (
 from .devices import device_names, get_device, register_device
 from .errors import (
     AttentionInSegment,
+    BufferParity,
     CapacityExceeded,
     CaptureError,
     CaptureInvalidated,
@@ -57,6 +58,7 @@ from .errors import (
     GraphStateError,
     HostValueBaked,
     MetadataNotUpgraded,
+    ModeMismatch,
     NestedCapture,
     PoolClobber,
     PoolNotReady,
@@ -68,7 +70,13 @@ from .errors import (
     UnjoinedStream,
     UnsupportedInCapture,
 )
-from .parallel import CollectiveKind, CollectiveMode, CollectiveRecord, Communicator
+from .parallel import (
+    CollectiveKind,
+    CollectiveMode,
+    CollectiveRecord,
+    Communicator,
+    LowLatencyBuffer,
+)
 from .program import OpRecord, TensorRecord
 from .protocol import (
     CaptureErrorMode,
@@ -88,6 +96,7 @@ __all__ = [
     "AttentionInSegment",
     "BreakableAPI",
     "BreakableOptionalAPI",
+    "BufferParity",
     "CLAUSES",
     "CapacityExceeded",
     "CaptureError",
@@ -121,7 +130,9 @@ __all__ = [
     "LAYER_TYPES",
     "LayerStackLike",
     "LayerType",
+    "LowLatencyBuffer",
     "MetadataNotUpgraded",
+    "ModeMismatch",
     "NestedCapture",
     "OpRecord",
     "OracleContext",

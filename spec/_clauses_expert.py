@@ -27,6 +27,20 @@ define(
             experts' load after a generation with graphs equals the load of the same
             generation run eagerly (vLLM #38128, padding tokens counted as expert load skewing
             the routing statistics)."""),
+        ("EP-4", """Low-latency buffers (DeepEP's): a graph bakes the buffer slots its capture
+            used, and a replay neither flips the host's slot index nor cleans, so every
+            low-latency call, eager or replayed, must find its slot clean in its own layout and
+            the buffer in low-latency mode. An engine keeps one capacity per buffer for every
+            graph that shares it (graphs of different num_max_dispatch_tokens_per_rank on one
+            buffer corrupt the counts: DeepEP #93), issues an even number of low-latency calls
+            per step, and cleans the buffer on the host before the first low-latency step or
+            replay after a normal-mode step (SGLang #11666, the mode not restored before
+            replay).""", """The multi-rank fake keeps each buffer's clean slot, layout and
+            mode as device state, checks them at every low-latency call, eager or replayed,
+            and raises BufferParity or ModeMismatch on every rank; the reference runs extend
+            steps in normal mode and decode steps in low latency (deepep_mode="auto"), one
+            capacity for every graph, and its capture ladders restore the low-latency mode
+            before each replay (the prepare_replay step)."""),
     ],
 )
 

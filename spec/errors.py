@@ -19,11 +19,13 @@ from typing import Any
 
 __all__ = [
     "AttentionInSegment",
+    "BufferParity",
     "CaptureError",
     "CaptureInvalidated",
     "CollectiveMismatch",
     "DecisionMismatch",
     "CapacityExceeded",
+    "ModeMismatch",
     "DefaultStreamCapture",
     "FreedMemoryAccess",
     "GraphError",
@@ -518,16 +520,21 @@ class CollectiveMismatch(GraphError):
         self.index = index
         self.sequences = sequences
         self.left = dict(left or {})
-        lines = [f"ranks disagree at collective #{index}" if index is not None
-                 else "ranks disagree"]
-        for rank, seq in enumerate(sequences):
+        heading = (f"ranks disagree at collective #{index}" if index is not None
+                   else "ranks disagree")
+        super().__init__(self._with_sequences(heading), detail=detail)
+
+    def _with_sequences(self, heading: str) -> str:
+        """``heading``, then the last few calls of every rank (one line each)."""
+        lines = [heading]
+        for rank, seq in enumerate(self.sequences):
             shown = [r.describe() for r in seq[-3:]]
             if rank in self.left:
                 shown.append(f"left the group ({self.left[rank]})")
-            elif index is not None and len(seq) <= index:
+            elif self.index is not None and len(seq) <= self.index:
                 shown.append("(no call yet)")
             lines.append(f"  rank {rank}: " + "; ".join(shown or ["no collective"]))
-        super().__init__("\n".join(lines), detail=detail)
+        return "\n".join(lines)
 
 
 class DecisionMismatch(CollectiveMismatch):
@@ -560,14 +567,63 @@ class CapacityExceeded(CollectiveMismatch):
 
     clause = "EP-2"
 
-    def __init__(self, capacity: int = 0, counts: tuple[Any, ...] = (), *,
+    def __init__(self, capacity: int = 0, counts: tuple[Any, ...] = (),
+                 index: int | None = None, sequences: tuple[tuple[Any, ...], ...] = (), *,
                  detail: str | None = None) -> None:
         self.capacity = capacity
         self.counts = counts
-        self.index, self.sequences, self.left = None, (), {}
+        self.index, self.sequences, self.left = index, sequences, {}
         worst = [max((max(row) for row in c), default=0) for c in counts]
         shown = "; ".join(f"rank {r}: {c}" for r, c in enumerate(counts))
-        GraphError.__init__(
-            self, f"an all-to-all slab of capacity {capacity} was sent up to {max(worst or [0])} "
-            f"rows for one expert (counts per rank, [destination][local expert]: {shown})",
+        GraphError.__init__(self, self._with_sequences(
+            f"an all-to-all slab of capacity {capacity} was sent up to {max(worst or [0])} "
+            f"rows for one expert (counts per rank, [destination][local expert]: {shown})"),
             detail=detail)
+
+
+class BufferParity(CollectiveMismatch):
+    """A low-latency all-to-all used another slot, or another layout, than the one its
+    buffer's previous call cleaned for it (``EP-4``): DeepEP's double-buffer index is host state
+    that flips at every call, and a graph bakes the slots of its capture, so one eager
+    low-latency call between two replays (an odd number of calls), or graphs of different
+    capacities sharing one buffer (DeepEP #93), send a replay into a slot that is not clean:
+    corrupted counts or a hang on a GPU. Raised on every rank by a multi-rank device that keeps
+    each buffer's state. ``states`` holds, per rank, ``(slot, capacity, ready_slot,
+    ready_capacity)``: what the call used and what the previous call left clean (``None`` for
+    either ready field after a clean, when anything may come)."""
+
+    clause = "EP-4"
+
+    def __init__(self, states: tuple[Any, ...] = (), index: int | None = None,
+                 sequences: tuple[tuple[Any, ...], ...] = (), *,
+                 detail: str | None = None) -> None:
+        self.states = states
+        self.index, self.sequences, self.left = index, sequences, {}
+        shown = "; ".join(
+            f"rank {r}: slot {s} of capacity {c}, clean: " +
+            ("any" if rs is None else f"slot {rs} of capacity {rc}")
+            for r, (s, c, rs, rc) in enumerate(states))
+        GraphError.__init__(self, self._with_sequences(
+            f"a low-latency all-to-all ran in a slot its buffer did not clean for it ({shown})"),
+            detail=detail)
+
+
+class ModeMismatch(CollectiveMismatch):
+    """A low-latency all-to-all ran while its buffer was in normal mode (``EP-4``): a normal
+    dispatch overwrites the low-latency slots, and only ``clean_low_latency_buffer()`` (a host
+    call) makes them usable again, which a graph's replay does not make (SGLang #11666, the
+    mode not restored before a decode replay). Raised on every rank by a multi-rank device;
+    ``normal`` holds, per rank, whether its buffer was in normal mode."""
+
+    clause = "EP-4"
+
+    def __init__(self, normal: tuple[bool, ...] = (), index: int | None = None,
+                 sequences: tuple[tuple[Any, ...], ...] = (), *,
+                 detail: str | None = None) -> None:
+        self.normal = normal
+        self.index, self.sequences, self.left = index, sequences, {}
+        shown = "; ".join(f"rank {r}: {'normal' if n else 'low latency'}"
+                          for r, n in enumerate(normal))
+        GraphError.__init__(self, self._with_sequences(
+            f"a low-latency all-to-all ran on a buffer left in normal mode, with no "
+            f"clean_low_latency_buffer() since (buffers: {shown})"), detail=detail)

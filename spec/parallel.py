@@ -16,7 +16,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["CollectiveKind", "CollectiveMode", "CollectiveRecord", "Communicator"]
+__all__ = [
+    "CollectiveKind", "CollectiveMode", "CollectiveRecord", "Communicator", "LowLatencyBuffer",
+]
 
 CollectiveKind = Literal["all_reduce", "all_gather", "all_to_all", "barrier", "exchange"]
 """What a communicator call does: a device sum (``all_reduce``), a device gather
@@ -47,6 +49,8 @@ class Communicator(Protocol):
       local_experts]``). Shapes are fixed, counts are device data: recordable in a graph. A
       multi-rank device may raise :class:`spec.CapacityExceeded` on every rank when a count
       exceeds the capacity (``EP-2``).
+    - ``low_latency_buffer()`` (optional): the rank's :class:`LowLatencyBuffer`, for a model
+      whose experts dispatch DeepEP-style (``impl.shard_model(..., deepep_mode=...)``).
     - ``barrier()``: returns once every rank has called it. Host-side: never inside a capture's
       recorded work (a runner calls it between captures, and a breakable capture at each break).
     - ``exchange(value)``: every rank's ``value`` (a picklable host value), in rank order, on
@@ -69,6 +73,40 @@ class Communicator(Protocol):
     def barrier(self) -> None: ...
 
     def exchange(self, value: Any) -> list[Any]: ...
+
+
+@runtime_checkable
+class LowLatencyBuffer(Protocol):
+    """One rank's expert-dispatch buffer, DeepEP's ``Buffer`` (``EP-4``): what a communicator
+    that offers one returns from ``low_latency_buffer()`` (the same object at every call).
+
+    - ``low_latency_all_to_all(x, counts)``: :meth:`Communicator.all_to_all`'s exchange in
+      low-latency mode: graph-capturable, through one of the buffer's two slots. The slot is
+      host state: each call uses the current one and flips it, and cleans the other slot, in
+      the layout of its own ``x`` (its capacity: DeepEP's ``num_max_dispatch_tokens_per_rank``),
+      for the next call. A graph bakes the slots its capture used; a replay flips nothing.
+    - ``normal_all_to_all(x, counts)``: the same exchange in normal mode (DeepEP's prefill
+      path): it overwrites the low-latency slots, so the buffer is in normal mode until
+      ``clean_low_latency_buffer()``.
+    - ``clean_low_latency_buffer()``: both slots clean (a device memset, recordable): any slot
+      and any layout may come next. What a switch from normal mode to low latency needs, and
+      what a replay does not do by itself (SGLang #11666).
+    - ``mode``: the mode of the last call made from the host (``"low_latency"`` after a clean).
+
+    Every low-latency call, eager or replayed, must use the slot the previous call cleaned, in
+    the same layout, in low-latency mode: a multi-rank device raises
+    :class:`spec.BufferParity` or :class:`spec.ModeMismatch` on every rank otherwise.
+    """
+
+    mode: Literal["normal", "low_latency"]
+
+    def low_latency_all_to_all(self, x: torch.Tensor,
+                               counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def normal_all_to_all(self, x: torch.Tensor,
+                          counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def clean_low_latency_buffer(self) -> None: ...
 
 
 @dataclass(frozen=True)

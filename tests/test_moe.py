@@ -107,5 +107,28 @@ def test_bad_shapes_are_refused_by_name() -> None:
             impl.ModelRunner(moe, device=ctx.device, max_running_requests=1,
                              max_total_tokens=16, communicator=ctx.communicator,
                              data_parallel_attention="yes")
+        with pytest.raises(ValueError, match="deepep_mode must be"):
+            impl.ExpertParallelMoE(_layer(0, 4, 1), ctx.communicator, 4, deepep_mode="ll")
+        for mode in ("low_latency", "auto"):
+            with pytest.raises(ValueError, match="num_max_dispatch_tokens_per_rank"):
+                impl.ExpertParallelMoE(_layer(0, 4, 1), ctx.communicator, deepep_mode=mode)
+        dense = impl.build_model("dense", **{**shape, "num_heads": 2, "num_kv_heads": 2})
+        with pytest.raises(ValueError, match="deepep_mode dispatches the experts"):
+            impl.shard_model(dense, ctx.communicator, deepep_mode="auto")
+        plain = impl.build_model("moe", **{**shape, "num_kv_heads": 2})
+        with pytest.raises(TypeError, match="low_latency_buffer"):
+            impl.shard_model(plain, _NoBuffer(ctx.communicator), deepep_mode="normal")
 
     fakes.run_ranks(rank, 2)
+
+
+class _NoBuffer:
+    """A communicator without ``low_latency_buffer`` (every other call forwarded)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.rank, self.world_size, self._inner = inner.rank, inner.world_size, inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "low_latency_buffer":
+            raise AttributeError(name)
+        return getattr(self._inner, name)

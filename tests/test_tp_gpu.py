@@ -106,7 +106,8 @@ def test_expert_parallel_with_all_to_all_in_graphs(tmp_path: Path, world: int) -
     """The ``moe`` kind's experts over ``world`` GPUs (``EP-1``): fp32 tokens equal one rank's
     and logits close, with NCCL's all-to-all captured in decode graphs and breakable segments
     and replayed (on one GPU, a world of one: the capture of ``all_to_all_single`` itself);
-    bf16 logits under teacher forcing within 5% of the largest; data-parallel attention (the
+    bf16 logits under teacher forcing within 5% of the largest; the same through the low-latency
+    buffer (``deepep_mode="auto"``, ``EP-4``); data-parallel attention (the
     last rank holding one request against the others' four, then idle) replays every step in
     one graph, each rank's logits equal its own requests' on one rank."""
     if torch.cuda.device_count() < world:
@@ -123,5 +124,11 @@ def test_expert_parallel_with_all_to_all_in_graphs(tmp_path: Path, world: int) -
         assert ep["fp32_max_diff"] < 1e-3, ep
         assert ep["decode_replays"] > 0 and ep["prefill_replays"] > 0, ep
         assert ep["bf16_max_diff"] <= BF16_REL * ep["bf16_largest_logit"], ep
+        deepep = r["deepep"]
+        print(f"rank {r['rank']}: deepep_mode='auto' tokens equal {deepep['tokens_equal']}, "
+              f"fp32 max diff {deepep['fp32_max_diff']:.3g}, decode replays "
+              f"{deepep['decode_replays']}")
+        assert deepep["tokens_equal"] and deepep["fp32_max_diff"] < 1e-3, deepep
+        assert deepep["decode_replays"] > 0, deepep
         assert dp["fp32_max_diff"] < 1e-3, dp
         assert dp["decode_replays"] == 5 and dp["decode_eager"] == 0, dp

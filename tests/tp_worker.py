@@ -10,7 +10,8 @@ Tasks:
   guard refusing a step where the ranks' batches differ (``TP-2``) before anything launches.
 - ``expert``: the ``moe`` kind with its experts sharded over the ranks (``EP-1``): fp32 tokens
   and logits against one rank, its all-to-alls inside decode graphs and breakable segments;
-  bf16 logits under teacher forcing; then data-parallel attention (``DP-1``, ``DP-2``): the
+  bf16 logits under teacher forcing; the same through the communicator's low-latency buffer
+  (``deepep_mode="auto"``, ``EP-4``); then data-parallel attention (``DP-1``, ``DP-2``): the
   last rank holds one request (the others four) and goes idle after two decode steps, every
   step replayed in the graph of the largest rank, each rank's logits against its own requests
   on one rank.
@@ -148,6 +149,18 @@ def expert(device: Any, communicator: Any) -> dict[str, Any]:
         "prefill_replays": ep.prefill_runner.stats.replays,
     }
     ep.close()
+    # DeepEP-style dispatch through the communicator's low-latency buffer (EP-4): extend steps
+    # eager in normal mode, decode steps replayed in low latency, one capacity for every size.
+    deepep = _runner(impl.shard_model(_moe(device, torch.float32), communicator,
+                                      expert_capacity=4, deepep_mode="auto"), device,
+                     communicator, prefill="eager")
+    got = impl.Scheduler(deepep).generate(_PROMPTS, 8)
+    result["deepep"] = {
+        "tokens_equal": got.tokens == want.tokens,
+        "fp32_max_diff": _max_diff(got.logits, want.logits),
+        "decode_replays": deepep.decode_runner.stats.replays,
+    }
+    deepep.close()
     one = _runner(_moe(device, torch.bfloat16), device, None, decode_cuda_graph=False,
                   prefill="eager")
     tokens = impl.Scheduler(one).generate(_PROMPTS[:1], 8).tokens[0]

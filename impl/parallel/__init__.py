@@ -2,8 +2,8 @@
 tensor-parallel layers, the expert-parallel mixture of experts and reference models, and the
 collective decisions the runners take (``TP-*``, ``EP-*``)."""
 
-from ._communicator import TorchCommunicator
-from ._expert import ExpertParallelMoE
+from ._communicator import AllToAllBuffer, TorchCommunicator
+from ._expert import DeepEPMode, ExpertParallelMoE, restore_low_latency
 from ._layers import RowParallelLinear, VocabParallelHead
 from ._lockstep import (
     PaddedStep,
@@ -16,6 +16,8 @@ from ._lockstep import (
 from ._model import TP_KINDS, TensorParallelCausalLM, shard_model
 
 __all__ = [
+    "AllToAllBuffer",
+    "DeepEPMode",
     "ExpertParallelMoE",
     "PaddedStep",
     "RowParallelLinear",
@@ -28,5 +30,6 @@ __all__ = [
     "agree_on_step",
     "check_same",
     "checked_key",
+    "restore_low_latency",
     "shard_model",
 ]

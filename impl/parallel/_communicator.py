@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-__all__ = ["TorchCommunicator"]
+__all__ = ["AllToAllBuffer", "TorchCommunicator"]
 
 
 class TorchCommunicator:
@@ -53,6 +53,7 @@ class TorchCommunicator:
                 f"cpu_group holds ranks {ranks(cpu_group)}, group holds {ranks(group)}"
             )
         self.cpu_group = cpu_group
+        self._buffer: AllToAllBuffer | None = None
         warm = torch.ones(1, device=device)
         dist.all_reduce(warm, group=group)
         if int(warm.item()) != self.world_size:
@@ -88,6 +89,13 @@ class TorchCommunicator:
         self._dist.all_to_all_single(got, counts, group=self.group)
         return out, got
 
+    def low_latency_buffer(self) -> AllToAllBuffer:
+        """This rank's :class:`spec.LowLatencyBuffer`: an :class:`AllToAllBuffer` over
+        :meth:`all_to_all` (made at the first call, the same object after)."""
+        if self._buffer is None:
+            self._buffer = AllToAllBuffer(self)
+        return self._buffer
+
     def barrier(self) -> None:
         """Return once every rank called it (on the host, through the gloo group)."""
         self._dist.barrier(group=self.cpu_group)
@@ -97,3 +105,35 @@ class TorchCommunicator:
         out: list[Any] = [None] * self.world_size
         self._dist.all_gather_object(out, value, group=self.cpu_group)
         return out
+
+
+class AllToAllBuffer:
+    """:class:`spec.LowLatencyBuffer` over a communicator's ``all_to_all``, for ranks without
+    DeepEP: both modes are the same NCCL exchange, which holds no slot state, so there is
+    nothing to clean; the host's slot index and mode are kept as DeepEP keeps them, so an
+    engine's calls follow the same protocol here as on the multi-rank fake, which checks it
+    (``EP-4``)."""
+
+    def __init__(self, communicator: Any) -> None:
+        self.communicator = communicator
+        self.slot = 0
+        self.mode: Literal["normal", "low_latency"] = "low_latency"
+
+    def __repr__(self) -> str:
+        return f"<AllToAllBuffer of {self.communicator!r}, slot {self.slot}, {self.mode}>"
+
+    def low_latency_all_to_all(self, x: torch.Tensor,
+                               counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The communicator's ``all_to_all``; the slot flips."""
+        self.slot ^= 1
+        return self.communicator.all_to_all(x, counts)
+
+    def normal_all_to_all(self, x: torch.Tensor,
+                          counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The communicator's ``all_to_all``; the buffer is in normal mode after."""
+        self.mode = "normal"
+        return self.communicator.all_to_all(x, counts)
+
+    def clean_low_latency_buffer(self) -> None:
+        """Back to low-latency mode (no device work: NCCL keeps no slots)."""
+        self.mode = "low_latency"

@@ -3,7 +3,7 @@ dispatched to them and combined back through ``Communicator.all_to_all`` (``EP-*
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -18,7 +18,30 @@ from ..models import (
     swiglu_experts,
 )
 
-__all__ = ["ExpertParallelMoE"]
+__all__ = ["DeepEPMode", "ExpertParallelMoE", "restore_low_latency"]
+
+DeepEPMode = Literal["normal", "low_latency", "auto"]
+"""How an expert-parallel layer dispatches through its communicator's
+:class:`spec.LowLatencyBuffer` (SGLang's ``deepep_mode``): always in normal mode, always in low
+latency, or ``"auto"``: low latency for decode steps and for every graph's warm-ups and capture,
+normal mode for eager extend steps."""
+
+
+def _in_graph_or_decode() -> bool:
+    """Whether the current step is a graph's (its warm-ups and capture: the forward context's
+    ``cuda_graph``) or a decode step."""
+    context = current_forward_context()
+    if context is None:
+        return False
+    return bool(context.extras.get("cuda_graph")) or context.batch.forward_mode.is_decode()
+
+
+def restore_low_latency(buffer: Any) -> None:
+    """Clean ``buffer`` (a :class:`spec.LowLatencyBuffer`) when the last call from the host
+    was in normal mode: what a low-latency step needs first, and what a replay does not do by
+    itself (SGLang #11666). SGLang's ``set_dispatch_mode_as_low_latency``."""
+    if buffer.mode == "normal":
+        buffer.clean_low_latency_buffer()
 
 
 def _step_capacity(rows: int) -> int:
@@ -53,9 +76,19 @@ class ExpertParallelMoE(nn.Module):
     rows route to, so decode graphs and breakable segments record them like any kernel.
     ``expert_load`` (int64 ``[E]``) counts this rank's routed real rows per expert, as the
     one-rank layer does.
+
+    With ``deepep_mode`` (:data:`DeepEPMode`) the all-to-alls go through the communicator's
+    :class:`spec.LowLatencyBuffer` (``EP-4``), shared by every layer of the rank: a
+    low-latency step uses ``capacity`` (required: one layout for every graph that shares the
+    buffer) and first cleans the buffer when a normal-mode step came before it
+    (:func:`restore_low_latency`), in Python; a replay runs no Python, so the graph runners
+    call the model's ``prepare_replay`` before each replay, which does the same.
+    Each step issues two low-latency calls per layer, so the host's slot index is where every
+    graph's capture found it.
     """
 
-    def __init__(self, full: MoE, communicator: Any, capacity: int | None = None) -> None:
+    def __init__(self, full: MoE, communicator: Any, capacity: int | None = None,
+                 deepep_mode: DeepEPMode | None = None) -> None:
         super().__init__()
         world, rank = communicator.world_size, communicator.rank
         experts = full.num_experts
@@ -65,7 +98,14 @@ class ExpertParallelMoE(nn.Module):
         if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
                                      or capacity < 1):
             raise ValueError(f"capacity must be a positive int or None, got {capacity!r}")
-        self.communicator, self.capacity = communicator, capacity
+        if deepep_mode not in (None, "normal", "low_latency", "auto"):
+            raise ValueError(f"deepep_mode must be 'normal', 'low_latency', 'auto' or None, got "
+                             f"{deepep_mode!r}")
+        if deepep_mode in ("low_latency", "auto") and capacity is None:
+            raise ValueError(f"deepep_mode {deepep_mode!r} needs a capacity (DeepEP's "
+                             "num_max_dispatch_tokens_per_rank): one layout for every graph")
+        self.communicator, self.capacity, self.deepep_mode = communicator, capacity, deepep_mode
+        self.buffer = None if deepep_mode is None else communicator.low_latency_buffer()
         self.num_experts, self.top_k, self.local = experts, full.top_k, experts // world
         mine = slice(rank * self.local, (rank + 1) * self.local)
         # skip_init: no draw from the process-wide generator, which another rank's thread may
@@ -83,7 +123,13 @@ class ExpertParallelMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows, hidden = x.shape
         world, local, k = self.communicator.world_size, self.local, self.top_k
-        capacity = self.capacity if self.capacity is not None else _step_capacity(rows)
+        mode, buffer = self.step_mode(), self.buffer
+        capacity = self.capacity if self.capacity is not None and mode != "normal" \
+            else _step_capacity(rows)
+        if mode == "low_latency":
+            restore_low_latency(buffer)  # a step run from Python restores the mode itself
+        exchange = self.communicator.all_to_all if buffer is None else \
+            buffer.normal_all_to_all if mode == "normal" else buffer.low_latency_all_to_all
         real = real_tokens(rows, x.device)
         weights, experts = route(self.router(x), k, real)
         counts = self.count_load(experts, real)
@@ -97,14 +143,21 @@ class ExpertParallelMoE(nn.Module):
         slabs = x.new_zeros(trash + 1, hidden)
         slabs[where] = x.repeat_interleave(k, dim=0)
         send = slabs[:trash].view(world, local, capacity, hidden)
-        got, got_counts = self.communicator.all_to_all(send, counts.view(world, local))
+        got, got_counts = exchange(send, counts.view(world, local))
         out = swiglu_experts(got.transpose(0, 1).reshape(local, world * capacity, hidden),
                              self.gate_up, self.down)
         back = out.view(local, world, capacity, hidden).transpose(0, 1).contiguous()
-        returned, _ = self.communicator.all_to_all(back, got_counts)
+        returned, _ = exchange(back, got_counts)
         flat = torch.cat((returned.reshape(trash, hidden), x.new_zeros(1, hidden)))
         picked = flat[where].view(rows, k, hidden)
         return (picked * weights[..., None].to(x.dtype)).sum(dim=1)
+
+    def step_mode(self) -> Literal["normal", "low_latency"] | None:
+        """The buffer mode of the current step (``None``: the communicator's ``all_to_all``,
+        no buffer)."""
+        if self.deepep_mode == "auto":
+            return "low_latency" if _in_graph_or_decode() else "normal"
+        return self.deepep_mode
 
     def count_load(self, experts: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         """Each expert's routed real rows this step (``[E]`` int64, what the dispatch sends

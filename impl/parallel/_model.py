@@ -12,7 +12,7 @@ from torch import nn
 from spec import Communicator, RunnerConfig
 
 from ..models import AttentionMixer, CausalLM, MoE, RecurrentMixer, SwiGLU
-from ._expert import ExpertParallelMoE
+from ._expert import DeepEPMode, ExpertParallelMoE, restore_low_latency
 from ._layers import RowParallelLinear, VocabParallelHead
 
 __all__ = ["TP_KINDS", "TensorParallelCausalLM", "shard_model"]
@@ -62,11 +62,15 @@ class TensorParallelCausalLM(CausalLM):
     sharded: each rank attends over its own requests with every head, its dense parts and
     head replicated, and only the experts are spread (``DP-*``: a model runner with
     ``data_parallel_attention=True`` serves it).
+
+    With ``deepep_mode``, ``expert_buffer`` is the rank's :class:`spec.LowLatencyBuffer`, which
+    every expert layer dispatches through (``None`` otherwise; ``EP-4``).
     """
 
     def __init__(self, full: CausalLM, communicator: Any,
                  expert_capacity: int | None = None,
-                 data_parallel_attention: bool = False) -> None:
+                 data_parallel_attention: bool = False,
+                 deepep_mode: DeepEPMode | None = None) -> None:
         nn.Module.__init__(self)
         world, rank = communicator.world_size, communicator.rank
         for name, value in (("world_size", world), ("rank", rank)):
@@ -95,12 +99,17 @@ class TensorParallelCausalLM(CausalLM):
         self.world_size, self.rank = world, rank
         self.data_parallel_attention = data_parallel_attention
         self.model = copy.deepcopy(full.model)
+
+        self.expert_buffer = None if deepep_mode is None else communicator.low_latency_buffer()
+
+        def experts(mlp: MoE) -> ExpertParallelMoE:
+            return ExpertParallelMoE(mlp, communicator, expert_capacity, deepep_mode)
         if data_parallel_attention:
             if c.kind != "moe":
                 raise ValueError("data_parallel_attention shards the experts of the moe kind "
                                  f"only, and the model is {c.kind!r}")
             for layer in self.model.layers:
-                layer.mlp = ExpertParallelMoE(layer.mlp, communicator, expert_capacity)
+                layer.mlp = experts(layer.mlp)
             self.lm_head = copy.deepcopy(full.lm_head)
             return
         for layer in self.model.layers:
@@ -124,7 +133,7 @@ class TensorParallelCausalLM(CausalLM):
                     mixer.out_proj.weight.chunk(world, dim=1)[rank], communicator
                 )
             if isinstance(layer.mlp, MoE):
-                layer.mlp = ExpertParallelMoE(layer.mlp, communicator, expert_capacity)
+                layer.mlp = experts(layer.mlp)
                 continue
             mlp: SwiGLU = layer.mlp
             inter = c.intermediate_size
@@ -132,6 +141,12 @@ class TensorParallelCausalLM(CausalLM):
             mlp.down = RowParallelLinear(mlp.down.weight.chunk(world, dim=1)[rank], communicator)
         self.lm_head = VocabParallelHead(full.lm_head.weight.chunk(world, dim=0)[rank],
                                          communicator)
+
+    def prepare_replay(self, batch: Any) -> None:
+        """Host work before a graph of this model replays ``batch`` (what the graph cannot do
+        itself): each expert layer's buffer back in low-latency mode (``EP-4``)."""
+        if self.expert_buffer is not None:
+            restore_low_latency(self.expert_buffer)
 
     @property
     def runner_config(self) -> RunnerConfig:
@@ -151,14 +166,17 @@ class TensorParallelCausalLM(CausalLM):
 
 
 def shard_model(model: CausalLM, communicator: Any, *, expert_capacity: int | None = None,
-                data_parallel_attention: bool = False) -> TensorParallelCausalLM:
+                data_parallel_attention: bool = False,
+                deepep_mode: DeepEPMode | None = None) -> TensorParallelCausalLM:
     """Rank ``communicator.rank``'s share of ``model`` (a reference model from
     :func:`impl.build_model` of a kind in :data:`TP_KINDS`): every rank shards the same seeded
     model, so the ranks together compute what ``model`` computes on one rank (``TP-1``; for the
     ``moe`` kind's experts ``EP-1``, each rank's all-to-all slab holding ``expert_capacity`` rows
     per expert and source rank, default the step's row count). With
     ``data_parallel_attention`` only the experts are sharded (see
-    :class:`TensorParallelCausalLM`).
+    :class:`TensorParallelCausalLM`). With ``deepep_mode`` (:data:`impl.DeepEPMode`) the
+    experts dispatch through the communicator's ``low_latency_buffer()`` (``EP-4``; a
+    low-latency mode needs ``expert_capacity``, DeepEP's ``num_max_dispatch_tokens_per_rank``).
 
     :class:`ValueError` when a head count, the intermediate size, the vocabulary, the recurrent
     state or the number of experts is not a multiple of the world size;
@@ -176,6 +194,13 @@ def shard_model(model: CausalLM, communicator: Any, *, expert_capacity: int | No
         if model.config.kind != "moe":
             raise ValueError(f"expert_capacity sizes the experts' all-to-all of the moe kind; "
                              f"the model is {model.config.kind!r}")
+    if deepep_mode is not None:
+        if model.config.kind != "moe":
+            raise ValueError(f"deepep_mode dispatches the experts of the moe kind; the model is "
+                             f"{model.config.kind!r}")
+        if not callable(getattr(communicator, "low_latency_buffer", None)):
+            raise TypeError(f"deepep_mode needs a communicator with low_latency_buffer() (a "
+                            f"spec.LowLatencyBuffer), and {communicator!r} has none")
     sharded = TensorParallelCausalLM(model, communicator, expert_capacity,
-                                     data_parallel_attention)
+                                     data_parallel_attention, deepep_mode)
     return sharded.eval().requires_grad_(False)

@@ -46,20 +46,22 @@ class GraphLadder:
        breakable recipe); before each size a barrier of every rank (``TP-4``); per size the
        recipe's placeholder batch of registry views, its ``prepare_capture`` metadata,
        ``num_warmups`` eager runs of its forward step and one capture of it (a full graph, or
-       a breakable one whose breaks call the barrier). With ``sanitize`` at ``"captures"`` or
-       ``"all"``, each size is captured again with the recipe's probe batch into a private pool
-       and compared (``SAN-1``). When any size fails, the sizes captured before it are released
-       and the error propagates.
+       a breakable one whose breaks call the barrier), with the forward context's
+       ``cuda_graph`` set (a model picks its in-graph paths by it). With ``sanitize`` at
+       ``"captures"`` or ``"all"``, each size is captured again with the recipe's probe batch
+       into a private pool and compared (``SAN-1``). When any size fails, the sizes captured
+       before it are released and the error propagates.
     2. :meth:`decide`: the one decision per step, from host values only: the recipe's key for
        the batch, exchanged among the ranks (:class:`spec.DecisionMismatch` on every rank,
        before anything launches, unless all decided the same: ``TP-2``, ``TP-5``); ``None`` is a
        declined batch (counted in ``stats.eager_fallbacks``) the caller runs eagerly.
-    3. :meth:`run` trusts the key: the recipe fills the registry, prepares the metadata and
+    3. :meth:`run` trusts the key: the target's ``prepare_replay`` (host work the graph
+       cannot do, ``EP-4``), then the recipe fills the registry, prepares the metadata and
        replays the key's graph; the logits of the real requests.
 
     **Hooks** (:meth:`register_hook`, or ``hooks=`` for those that must take part in the
-    capture at construction): every name of the recipe's ``steps``, each called as
-    ``hook(runner, proceed, *args)``.
+    capture at construction): every name of the recipe's ``steps`` and ``"prepare_replay"``,
+    each called as ``hook(runner, proceed, *args)``.
 
     .. note::
         The graphs share one pool and are captured largest first, so smaller sizes re-use the
@@ -92,7 +94,7 @@ class GraphLadder:
         self.keep_graph = bool(keep_graph)
         self.pool = target.pool if pool is None else pool
         self.stream = target.stream if stream is None else stream
-        self._hooks = StepHooks(name, recipe.steps)
+        self._hooks = StepHooks(name, (*recipe.steps, "prepare_replay"))
         for step, hook in (hooks or {}).items():
             self._hooks.register(step, hook)
         self._hooked = self._hooks.bound(self)
@@ -159,7 +161,7 @@ class GraphLadder:
         diff, when sanitized). Called by :meth:`capture`, on the capture stream."""
         recipe, hooked = self.recipe, self._hooked
         batch = self.placeholder(key)
-        with set_forward_context(batch):
+        with set_forward_context(batch, cuda_graph=True):
             hooked("prepare_capture", recipe.prepare_metadata)(batch)
             forward = getattr(recipe, recipe.forward_step)
             for _ in range(self.num_warmups):
@@ -235,6 +237,7 @@ class GraphLadder:
         the recipe's replay returns, tensors of their own: the logits of the real requests for
         the decode and prefill recipes (the speculative ones return their rows' hidden states,
         logits and tokens, or the draft tokens)."""
+        self._hooked("prepare_replay", self.target.prepare_replay)(batch)
         logits = self.recipe.replay(self.registry, self.entries[key], batch, self._hooked)
         self._counter.replays += 1
         return logits

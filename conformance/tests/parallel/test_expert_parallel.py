@@ -32,13 +32,16 @@ def _reference_runners(runner_api: Any) -> None:
         pytest.skip("expert parallelism belongs to impl's models and runners")
 
 
-def _generate(model: Any, device: Any, communicator: Any = None, *,
-              graphs: bool) -> impl.GenerateOutput:
+def _generate(model: Any, device: Any, communicator: Any = None, *, graphs: bool,
+              breakable: bool = True, decode_hooks: Any = None) -> impl.GenerateOutput:
+    prefill = "breakable" if graphs and breakable else "eager"
     runner = impl.ModelRunner(
         model, device=device, max_running_requests=4, max_total_tokens=256, max_context_len=32,
-        decode_cuda_graph=graphs, capture_bs=[1, 2, 4] if graphs else None,
-        prefill="breakable" if graphs else "eager",
-        capture_num_tokens=[4, 16, 32] if graphs else None, communicator=communicator,
+        decode_cuda_graph=graphs, capture_bs=[1, 2, 4] if graphs else None, prefill=prefill,
+        capture_num_tokens=[4, 16, 32] if prefill == "breakable" else None,
+        communicator=communicator, decode_runner=None if not decode_hooks else (
+            lambda target, sizes: impl.CudaGraphRunner(target, capture_bs=sizes,
+                                                       hooks=decode_hooks)),
     )
     try:
         return impl.Scheduler(runner).generate([list(p) for p in _PROMPTS], list(_LIMITS))
@@ -57,19 +60,25 @@ def _one_rank(backend: Any) -> tuple[impl.GenerateOutput, list[list[int]]]:
     return _generate(model, device, graphs=False), _loads(model)
 
 
-def _sharded(backend: Any, world: int, *, graphs: bool, variant: str = "reference") -> list[Any]:
+def _sharded(backend: Any, world: int, *, graphs: bool, variant: str = "reference",
+             deepep: bool = False) -> list[Any]:
     """Each rank's generation, experts' load and collective kinds by mode (or the
-    :class:`spec.CollectiveMismatch` it raised), over ``world`` ranks."""
+    :class:`spec.CollectiveMismatch` it raised), over ``world`` ranks; with ``deepep``, through
+    the ranks' low-latency buffers (``deepep_mode="auto"``, capacity 4: normal-mode extend
+    steps run eagerly, low-latency decode steps replayed)."""
     mutant = EP_MUTANTS.get(variant)
+    capacity = mutant.expert_capacity if mutant is not None else None
+    hooks = mutant.decode_hooks if mutant is not None else None
 
     def rank(ctx: Any) -> Any:
         full = impl.build_model("moe", device=ctx.device.device, **_SHAPE)
-        model = impl.shard_model(full, ctx.communicator, expert_capacity=(
-            mutant.expert_capacity if mutant is not None else None))
+        model = impl.shard_model(full, ctx.communicator, expert_capacity=4 if deepep else capacity,
+                                 deepep_mode="auto" if deepep else None)
         if mutant is not None and mutant.model is not None:
             model = mutant.model(model)
         try:
-            out = _generate(model, ctx.device, ctx.communicator, graphs=graphs)
+            out = _generate(model, ctx.device, ctx.communicator, graphs=graphs,
+                            breakable=not deepep, decode_hooks=hooks)
         except spec.CollectiveMismatch as error:
             return error
         calls = ctx.communicator.group.sequences()[ctx.rank]
@@ -143,3 +152,67 @@ def test_all_to_all_sends_each_slab_to_its_rank(backend: Any) -> None:
     for d, (got, counts) in enumerate(fakes.run_ranks(rank, 3, make_device=backend.make_device)):
         assert got == [10.0 * s + d for s in range(3)], got
         assert counts == [(s + d) % 2 for s in range(3)], counts
+
+
+@pytest.mark.clause("EP-4")
+@pytest.mark.parametrize("variant", ["reference", "graphs_share_one_buffer",
+                                     "mode_not_restored"])
+def test_low_latency_replays_find_their_buffer_clean(backend: Any, variant: str) -> None:
+    """Two ranks dispatch through their low-latency buffers (``deepep_mode="auto"``): each
+    extend step eagerly in normal mode, each decode step replayed in low latency, one capacity
+    for every size: the tokens equal one rank's. Sizing each graph's calls by its own rows
+    (DeepEP #93) is BufferParity on every rank; a replay after an extend step with no clean
+    first (SGLang #11666) is ModeMismatch on every rank."""
+    results = _sharded(backend, 2, graphs=True, variant=variant, deepep=True)
+    if variant != "reference":
+        named = {"graphs_share_one_buffer": spec.BufferParity,
+                 "mode_not_restored": spec.ModeMismatch}[variant]
+        for r, result in enumerate(results):
+            assert isinstance(result, named), (
+                f"rank {r}: {variant!r} ({EP_MUTANTS[variant].bug}) was not named "
+                f"{named.__name__}: {result!r}")
+        return
+    want, _ = _one_rank(backend)
+    for r, result in enumerate(results):
+        assert not isinstance(result, Exception), f"rank {r}: {result}"
+        out, _, modes = result
+        assert out.tokens == want.tokens, f"rank {r}: tokens differ from one rank's"
+        assert modes == {"eager", "capture", "replay"}, f"rank {r}: {sorted(modes)}"
+
+
+@pytest.mark.strict
+@pytest.mark.clause("EP-4")
+def test_buffer_state_is_checked_at_every_replay(backend: Any) -> None:
+    """A graph of two low-latency calls replays twice; after one normal-mode call it is
+    ModeMismatch, after ``clean_low_latency_buffer()`` it replays; one eager low-latency call
+    between two replays (an odd count: the replay's baked slot is not the clean one) is
+    BufferParity; each on both ranks, naming every rank's slot and calls."""
+
+    def rank(ctx: Any) -> list[str]:
+        device, buffer = ctx.device, ctx.communicator.low_latency_buffer()
+        assert buffer is ctx.communicator.low_latency_buffer()
+        x = torch.ones(2, 1, 3, 4, device=device.device)
+        counts = torch.ones(2, 1, dtype=torch.int64, device=device.device)
+        graph, stream = device.CUDAGraph(), device.Stream()
+        with device.graph(graph, stream=stream):
+            got, got_counts = buffer.low_latency_all_to_all(x, counts)
+            buffer.low_latency_all_to_all(got, got_counts)
+        graph.replay()
+        graph.replay()
+        seen = []
+        buffer.normal_all_to_all(x, counts)
+        with pytest.raises(spec.ModeMismatch) as mode:
+            graph.replay()
+        seen.append(str(mode.value))
+        buffer.clean_low_latency_buffer()
+        graph.replay()
+        buffer.low_latency_all_to_all(x, counts)
+        with pytest.raises(spec.BufferParity) as parity:
+            graph.replay()
+        assert parity.value.states[ctx.rank] == (0, 3, 1, 3), parity.value.states
+        seen.append(str(parity.value))
+        return seen
+
+    for mode, parity in fakes.run_ranks(rank, 2, make_device=backend.make_device):
+        assert "normal mode" in mode and "rank 1" in mode, mode
+        assert "slot 0 of capacity 3, clean: slot 1" in parity and "replay of" in parity, parity
