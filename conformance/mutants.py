@@ -721,7 +721,7 @@ def _graphs_share_one_buffer(model: Any) -> Any:
     return model
 
 
-def _no_prepare_replay(runner: Any, proceed: Any, batch: Any) -> None:
+def _no_restore_before_replay(runner: Any, proceed: Any, batch: Any) -> None:
     pass  # the replay finds the buffer as the last eager step left it (SGLang #11666)
 
 
@@ -745,7 +745,7 @@ EP_MUTANTS: Final[dict[str, ExpertMutant]] = {
     "graphs_share_one_buffer": ExpertMutant("EP-4", "DeepEP #93",
                                             model=_graphs_share_one_buffer),
     "mode_not_restored": ExpertMutant("EP-4", "SGLang #11666",
-                                      decode_hooks={"prepare_replay": _no_prepare_replay}),
+                                      decode_hooks={"before_replay": _no_restore_before_replay}),
 }
 """Expert-parallel mutant name -> :class:`ExpertMutant`, each caught at core on the multi-rank
 fake by the test of its clause in ``conformance/tests/parallel/test_expert_parallel.py``."""

@@ -335,20 +335,23 @@ class FakeCommunicator:
         wrong = None if buffer is None else verdict(buffer[0], buffer[1], capacity)
         values = self._matched("all_to_all", x,
                                (x.detach().clone(), counts.detach().clone(), wrong))
-        sequences = self.group.sequences()
-        index = len(sequences[self.rank]) - 1
         problems = [None if v is None else v[0] for _, _, v in values]
         if "mode" in problems:
-            raise ModeMismatch(tuple(p == "mode" for p in problems), index, sequences)
+            raise ModeMismatch(tuple(p == "mode" for p in problems), *self._history())
         if "parity" in problems:
-            raise BufferParity(tuple(v[1:] for _, _, v in values), index, sequences)
+            raise BufferParity(tuple(v[1:] for _, _, v in values), *self._history())
         if any(int(c.max()) > capacity for _, c, _ in values):
-            raise CapacityExceeded(capacity, tuple(c.tolist() for _, c, _ in values), index,
-                                   sequences)
+            raise CapacityExceeded(capacity, tuple(c.tolist() for _, c, _ in values),
+                                   *self._history())
         if buffer is not None:
             advance(buffer[0], buffer[1], capacity)
         return (torch.stack([slabs[self.rank] for slabs, _, _ in values]),
                 torch.stack([c[self.rank] for _, c, _ in values]))
+
+    def _history(self) -> tuple[int, tuple[tuple[CollectiveRecord, ...], ...]]:
+        """This rank's last call's index and every rank's calls (what an error names)."""
+        sequences = self.group.sequences()
+        return len(sequences[self.rank]) - 1, sequences
 
     def _matched(self, kind: CollectiveKind, x: torch.Tensor, payload: Any) -> list[Any]:
         graph = self.device.replaying_graph()

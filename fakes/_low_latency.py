@@ -70,12 +70,14 @@ class FakeLowLatencyBuffer:
     def low_latency_all_to_all(self, x: torch.Tensor,
                                counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``Communicator.all_to_all`` through the current slot, which then flips."""
+        self.communicator.check_slabs(x, counts)
         slot, self.slot = self.slot, self.slot ^ 1
         return self._call(x, counts, slot)
 
     def normal_all_to_all(self, x: torch.Tensor,
                           counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``Communicator.all_to_all`` in normal mode: the buffer is in normal mode after."""
+        self.communicator.check_slabs(x, counts)
         self.mode = "normal"
         return self._call(x, counts, -1)
 
@@ -87,7 +89,6 @@ class FakeLowLatencyBuffer:
     def _call(self, x: torch.Tensor, counts: torch.Tensor,
               slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         communicator = self.communicator
-        communicator.check_slabs(x, counts)
         return torch.ops.cudagraph_fake.low_latency_all_to_all(
             x.contiguous(), counts.contiguous(), self.state, communicator.group.id,
             communicator.rank, slot)

@@ -37,10 +37,11 @@ define(
             replay after a normal-mode step (SGLang #11666, the mode not restored before
             replay).""", """The multi-rank fake keeps each buffer's clean slot, layout and
             mode as device state, checks them at every low-latency call, eager or replayed,
-            and raises BufferParity or ModeMismatch on every rank; the reference runs extend
-            steps in normal mode and decode steps in low latency (deepep_mode="auto"), one
-            capacity for every graph, and its capture ladders restore the low-latency mode
-            before each replay (the prepare_replay step)."""),
+            and raises BufferParity or ModeMismatch on every rank; the reference's extend
+            steps run eagerly in normal mode and decode steps and graphs in low latency
+            (deepep_mode="auto"), one capacity for every graph (a graph of more rows than it
+            holds is refused by name before capture, as DeepEP asserts), and its capture ladders
+            restore the low-latency mode before each replay (the before_replay step)."""),
     ],
 )
 

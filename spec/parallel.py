@@ -91,7 +91,8 @@ class LowLatencyBuffer(Protocol):
     - ``clean_low_latency_buffer()``: both slots clean (a device memset, recordable): any slot
       and any layout may come next. What a switch from normal mode to low latency needs, and
       what a replay does not do by itself (SGLang #11666).
-    - ``mode``: the mode of the last call made from the host (``"low_latency"`` after a clean).
+    - ``mode``: ``"normal"`` from a normal-mode call made from the host until the next clean,
+      else ``"low_latency"`` (a low-latency call does not change it: it needs the clean first).
 
     Every low-latency call, eager or replayed, must use the slot the previous call cleaned, in
     the same layout, in low-latency mode: a multi-rank device raises

@@ -118,6 +118,12 @@ def test_bad_shapes_are_refused_by_name() -> None:
         plain = impl.build_model("moe", **{**shape, "num_kv_heads": 2})
         with pytest.raises(TypeError, match="low_latency_buffer"):
             impl.shard_model(plain, _NoBuffer(ctx.communicator), deepep_mode="normal")
+        small = impl.shard_model(plain, ctx.communicator, expert_capacity=4, deepep_mode="auto")
+        with pytest.raises(ValueError, match=r"16 rows .* expert_capacity .* is 4"):
+            impl.ModelRunner(small, device=ctx.device, max_running_requests=4,
+                             max_total_tokens=64, max_context_len=16, capture_bs=[1, 4],
+                             prefill="breakable", capture_num_tokens=[4, 16],
+                             communicator=ctx.communicator)
 
     fakes.run_ranks(rank, 2)
 

@@ -124,15 +124,17 @@ class AllToAllBuffer:
 
     def low_latency_all_to_all(self, x: torch.Tensor,
                                counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The communicator's ``all_to_all``; the slot flips."""
+        """The communicator's ``all_to_all``; the slot flips once it is issued."""
+        out = self.communicator.all_to_all(x, counts)
         self.slot ^= 1
-        return self.communicator.all_to_all(x, counts)
+        return out
 
     def normal_all_to_all(self, x: torch.Tensor,
                           counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The communicator's ``all_to_all``; the buffer is in normal mode after."""
+        out = self.communicator.all_to_all(x, counts)
         self.mode = "normal"
-        return self.communicator.all_to_all(x, counts)
+        return out
 
     def clean_low_latency_buffer(self) -> None:
         """Back to low-latency mode (no device work: NCCL keeps no slots)."""

@@ -36,6 +36,16 @@ def _in_graph_or_decode() -> bool:
     return bool(context.extras.get("cuda_graph")) or context.batch.forward_mode.is_decode()
 
 
+def buffer_of(communicator: Any) -> Any:
+    """``communicator.low_latency_buffer()``; :class:`TypeError` naming it when the
+    communicator has none."""
+    make = getattr(communicator, "low_latency_buffer", None)
+    if not callable(make):
+        raise TypeError(f"deepep_mode needs a communicator with low_latency_buffer() (a "
+                        f"spec.LowLatencyBuffer), and {communicator!r} has none")
+    return make()
+
+
 def restore_low_latency(buffer: Any) -> None:
     """Clean ``buffer`` (a :class:`spec.LowLatencyBuffer`) when the last call from the host
     was in normal mode: what a low-latency step needs first, and what a replay does not do by
@@ -78,13 +88,15 @@ class ExpertParallelMoE(nn.Module):
     one-rank layer does.
 
     With ``deepep_mode`` (:data:`DeepEPMode`) the all-to-alls go through the communicator's
-    :class:`spec.LowLatencyBuffer` (``EP-4``), shared by every layer of the rank: a
-    low-latency step uses ``capacity`` (required: one layout for every graph that shares the
-    buffer) and first cleans the buffer when a normal-mode step came before it
-    (:func:`restore_low_latency`), in Python; a replay runs no Python, so the graph runners
-    call the model's ``prepare_replay`` before each replay, which does the same.
-    Each step issues two low-latency calls per layer, so the host's slot index is where every
-    graph's capture found it.
+    :class:`spec.LowLatencyBuffer` (``EP-4``), shared by every layer of the rank. A low-latency
+    step uses ``capacity`` (required: one layout for every graph that shares the buffer; a step
+    of more rows is refused with :class:`ValueError` before it launches, as DeepEP asserts, so
+    the largest graph is refused at its warm-up) and first cleans the buffer when a normal-mode
+    step came before it (:func:`restore_low_latency`), in Python; a replay runs no Python, so
+    the graph runners call the model's ``before_replay`` before each replay, which does the
+    same. A normal-mode step uses its own rows (DeepEP's normal dispatch has no fixed
+    capacity). Each step issues two low-latency calls per layer, so the host's slot index is
+    where every graph's capture found it.
     """
 
     def __init__(self, full: MoE, communicator: Any, capacity: int | None = None,
@@ -102,10 +114,10 @@ class ExpertParallelMoE(nn.Module):
             raise ValueError(f"deepep_mode must be 'normal', 'low_latency', 'auto' or None, got "
                              f"{deepep_mode!r}")
         if deepep_mode in ("low_latency", "auto") and capacity is None:
-            raise ValueError(f"deepep_mode {deepep_mode!r} needs a capacity (DeepEP's "
+            raise ValueError(f"deepep_mode {deepep_mode!r} needs expert_capacity (DeepEP's "
                              "num_max_dispatch_tokens_per_rank): one layout for every graph")
         self.communicator, self.capacity, self.deepep_mode = communicator, capacity, deepep_mode
-        self.buffer = None if deepep_mode is None else communicator.low_latency_buffer()
+        self.buffer = None if deepep_mode is None else buffer_of(communicator)
         self.num_experts, self.top_k, self.local = experts, full.top_k, experts // world
         mine = slice(rank * self.local, (rank + 1) * self.local)
         # skip_init: no draw from the process-wide generator, which another rank's thread may
@@ -124,9 +136,15 @@ class ExpertParallelMoE(nn.Module):
         rows, hidden = x.shape
         world, local, k = self.communicator.world_size, self.local, self.top_k
         mode, buffer = self.step_mode(), self.buffer
+        step_rows = _step_capacity(rows)  # the same on every rank that steps with this one
         capacity = self.capacity if self.capacity is not None and mode != "normal" \
-            else _step_capacity(rows)
+            else step_rows
         if mode == "low_latency":
+            if step_rows > capacity:  # DeepEP asserts it on the host: a row could be dropped
+                raise ValueError(
+                    f"a low-latency step of {step_rows} rows may send them all to one expert, "
+                    f"and expert_capacity (num_max_dispatch_tokens_per_rank) is {capacity}: "
+                    f"give expert_capacity at least the largest captured size and decode batch")
             restore_low_latency(buffer)  # a step run from Python restores the mode itself
         exchange = self.communicator.all_to_all if buffer is None else \
             buffer.normal_all_to_all if mode == "normal" else buffer.low_latency_all_to_all

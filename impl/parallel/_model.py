@@ -12,7 +12,7 @@ from torch import nn
 from spec import Communicator, RunnerConfig
 
 from ..models import AttentionMixer, CausalLM, MoE, RecurrentMixer, SwiGLU
-from ._expert import DeepEPMode, ExpertParallelMoE, restore_low_latency
+from ._expert import DeepEPMode, ExpertParallelMoE, buffer_of, restore_low_latency
 from ._layers import RowParallelLinear, VocabParallelHead
 
 __all__ = ["TP_KINDS", "TensorParallelCausalLM", "shard_model"]
@@ -100,7 +100,7 @@ class TensorParallelCausalLM(CausalLM):
         self.data_parallel_attention = data_parallel_attention
         self.model = copy.deepcopy(full.model)
 
-        self.expert_buffer = None if deepep_mode is None else communicator.low_latency_buffer()
+        self.expert_buffer = None if deepep_mode is None else buffer_of(communicator)
 
         def experts(mlp: MoE) -> ExpertParallelMoE:
             return ExpertParallelMoE(mlp, communicator, expert_capacity, deepep_mode)
@@ -142,7 +142,7 @@ class TensorParallelCausalLM(CausalLM):
         self.lm_head = VocabParallelHead(full.lm_head.weight.chunk(world, dim=0)[rank],
                                          communicator)
 
-    def prepare_replay(self, batch: Any) -> None:
+    def before_replay(self, batch: Any) -> None:
         """Host work before a graph of this model replays ``batch`` (what the graph cannot do
         itself): each expert layer's buffer back in low-latency mode (``EP-4``)."""
         if self.expert_buffer is not None:
@@ -198,9 +198,6 @@ def shard_model(model: CausalLM, communicator: Any, *, expert_capacity: int | No
         if model.config.kind != "moe":
             raise ValueError(f"deepep_mode dispatches the experts of the moe kind; the model is "
                              f"{model.config.kind!r}")
-        if not callable(getattr(communicator, "low_latency_buffer", None)):
-            raise TypeError(f"deepep_mode needs a communicator with low_latency_buffer() (a "
-                            f"spec.LowLatencyBuffer), and {communicator!r} has none")
     sharded = TensorParallelCausalLM(model, communicator, expert_capacity,
                                      data_parallel_attention, deepep_mode)
     return sharded.eval().requires_grad_(False)

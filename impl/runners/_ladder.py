@@ -55,12 +55,12 @@ class GraphLadder:
        the batch, exchanged among the ranks (:class:`spec.DecisionMismatch` on every rank,
        before anything launches, unless all decided the same: ``TP-2``, ``TP-5``); ``None`` is a
        declined batch (counted in ``stats.eager_fallbacks``) the caller runs eagerly.
-    3. :meth:`run` trusts the key: the target's ``prepare_replay`` (host work the graph
+    3. :meth:`run` trusts the key: the target's ``before_replay`` (host work the graph
        cannot do, ``EP-4``), then the recipe fills the registry, prepares the metadata and
        replays the key's graph; the logits of the real requests.
 
     **Hooks** (:meth:`register_hook`, or ``hooks=`` for those that must take part in the
-    capture at construction): every name of the recipe's ``steps`` and ``"prepare_replay"``,
+    capture at construction): every name of the recipe's ``steps`` and ``"before_replay"``,
     each called as ``hook(runner, proceed, *args)``.
 
     .. note::
@@ -94,7 +94,7 @@ class GraphLadder:
         self.keep_graph = bool(keep_graph)
         self.pool = target.pool if pool is None else pool
         self.stream = target.stream if stream is None else stream
-        self._hooks = StepHooks(name, (*recipe.steps, "prepare_replay"))
+        self._hooks = StepHooks(name, (*recipe.steps, "before_replay"))
         for step, hook in (hooks or {}).items():
             self._hooks.register(step, hook)
         self._hooked = self._hooks.bound(self)
@@ -237,7 +237,7 @@ class GraphLadder:
         the recipe's replay returns, tensors of their own: the logits of the real requests for
         the decode and prefill recipes (the speculative ones return their rows' hidden states,
         logits and tokens, or the draft tokens)."""
-        self._hooked("prepare_replay", self.target.prepare_replay)(batch)
+        self._hooked("before_replay", self.target.before_replay)(batch)
         logits = self.recipe.replay(self.registry, self.entries[key], batch, self._hooked)
         self._counter.replays += 1
         return logits

@@ -77,10 +77,12 @@ class CudaGraphRunner(GraphLadder):
         self.recipe.fill(self.registry, bs, batch)
 
     def launch(self, bs: int) -> GraphEntry:
-        """Prepare the metadata of size ``bs``'s registry views and replay its graph on the
-        current stream (after :meth:`stage`). Returns the size's entry: its ``output`` (logits)
-        and ``tokens`` (greedy ids) hold this replay's rows until the next replay of any size."""
+        """The target's ``before_replay``, then prepare the metadata of size ``bs``'s registry
+        views and replay its graph on the current stream (after :meth:`stage`). Returns the
+        size's entry: its ``output`` (logits) and ``tokens`` (greedy ids) hold this replay's
+        rows until the next replay of any size."""
         entry = self.entries[bs]
+        self._hooked("before_replay", self.target.before_replay)(entry.batch)
         self.recipe.launch(entry, self._hooked)
         self._counter.replays += 1
         return entry

@@ -80,11 +80,12 @@ class GraphTarget:
         """The static-shape device half (recordable inside a graph)."""
         self.attn_backend.init_forward_metadata_in_graph(batch)
 
-    def prepare_replay(self, batch: Any) -> None:
+    def before_replay(self, batch: Any) -> None:
         """Host work the model needs before a graph replays ``batch``, which the graph cannot
-        do itself: the model's ``prepare_replay(batch)`` where it has one (an expert-parallel
-        model's buffer back in low-latency mode, ``EP-4``)."""
-        prepare = getattr(self.model, "prepare_replay", None)
+        do itself: the model's ``before_replay(batch)`` where it has one (an expert-parallel
+        model's buffer back in low-latency mode, ``EP-4``). Every replay of a ladder calls it
+        (its ``"before_replay"`` step), overlapped decode's launches included."""
+        prepare = getattr(self.model, "before_replay", None)
         if prepare is not None:
             prepare(batch)
 

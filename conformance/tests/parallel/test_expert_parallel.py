@@ -33,7 +33,8 @@ def _reference_runners(runner_api: Any) -> None:
 
 
 def _generate(model: Any, device: Any, communicator: Any = None, *, graphs: bool,
-              breakable: bool = True, decode_hooks: Any = None) -> impl.GenerateOutput:
+              breakable: bool = True, decode_hooks: Any = None,
+              overlap: bool = False) -> impl.GenerateOutput:
     prefill = "breakable" if graphs and breakable else "eager"
     runner = impl.ModelRunner(
         model, device=device, max_running_requests=4, max_total_tokens=256, max_context_len=32,
@@ -44,7 +45,8 @@ def _generate(model: Any, device: Any, communicator: Any = None, *, graphs: bool
                                                        hooks=decode_hooks)),
     )
     try:
-        return impl.Scheduler(runner).generate([list(p) for p in _PROMPTS], list(_LIMITS))
+        return impl.Scheduler(runner).generate([list(p) for p in _PROMPTS], list(_LIMITS),
+                                               overlap=overlap)
     finally:
         runner.close()
 
@@ -61,7 +63,7 @@ def _one_rank(backend: Any) -> tuple[impl.GenerateOutput, list[list[int]]]:
 
 
 def _sharded(backend: Any, world: int, *, graphs: bool, variant: str = "reference",
-             deepep: bool = False) -> list[Any]:
+             deepep: bool = False, overlap: bool = False) -> list[Any]:
     """Each rank's generation, experts' load and collective kinds by mode (or the
     :class:`spec.CollectiveMismatch` it raised), over ``world`` ranks; with ``deepep``, through
     the ranks' low-latency buffers (``deepep_mode="auto"``, capacity 4: normal-mode extend
@@ -78,7 +80,7 @@ def _sharded(backend: Any, world: int, *, graphs: bool, variant: str = "referenc
             model = mutant.model(model)
         try:
             out = _generate(model, ctx.device, ctx.communicator, graphs=graphs,
-                            breakable=not deepep, decode_hooks=hooks)
+                            breakable=not deepep, decode_hooks=hooks, overlap=overlap)
         except spec.CollectiveMismatch as error:
             return error
         calls = ctx.communicator.group.sequences()[ctx.rank]
@@ -155,15 +157,17 @@ def test_all_to_all_sends_each_slab_to_its_rank(backend: Any) -> None:
 
 
 @pytest.mark.clause("EP-4")
-@pytest.mark.parametrize("variant", ["reference", "graphs_share_one_buffer",
-                                     "mode_not_restored"])
-def test_low_latency_replays_find_their_buffer_clean(backend: Any, variant: str) -> None:
+@pytest.mark.parametrize(("variant", "overlap"), [
+    ("reference", False), ("reference", True), ("graphs_share_one_buffer", False),
+    ("mode_not_restored", False), ("mode_not_restored", True)])
+def test_low_latency_replays_find_their_buffer_clean(backend: Any, variant: str,
+                                                     overlap: bool) -> None:
     """Two ranks dispatch through their low-latency buffers (``deepep_mode="auto"``): each
-    extend step eagerly in normal mode, each decode step replayed in low latency, one capacity
-    for every size: the tokens equal one rank's. Sizing each graph's calls by its own rows
-    (DeepEP #93) is BufferParity on every rank; a replay after an extend step with no clean
-    first (SGLang #11666) is ModeMismatch on every rank."""
-    results = _sharded(backend, 2, graphs=True, variant=variant, deepep=True)
+    extend step eagerly in normal mode, each decode step replayed in low latency (plain or
+    overlapped decode), one capacity for every size: the tokens equal one rank's. Sizing each
+    graph's calls by its own rows (DeepEP #93) is BufferParity on every rank; a replay after an
+    extend step with no clean first (SGLang #11666) is ModeMismatch on every rank."""
+    results = _sharded(backend, 2, graphs=True, variant=variant, deepep=True, overlap=overlap)
     if variant != "reference":
         named = {"graphs_share_one_buffer": spec.BufferParity,
                  "mode_not_restored": spec.ModeMismatch}[variant]
@@ -198,6 +202,8 @@ def test_buffer_state_is_checked_at_every_replay(backend: Any) -> None:
             got, got_counts = buffer.low_latency_all_to_all(x, counts)
             buffer.low_latency_all_to_all(got, got_counts)
         graph.replay()
+        with pytest.raises(ValueError, match="all_to_all takes"):
+            buffer.low_latency_all_to_all(x[0], counts)  # refused before the slot flips
         graph.replay()
         seen = []
         buffer.normal_all_to_all(x, counts)
