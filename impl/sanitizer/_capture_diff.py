@@ -97,7 +97,7 @@ class CaptureSanitizer:
                  if isinstance(registry.get_slot(name).buffer, torch.Tensor)}
         try:
             batch = make_batch()
-            with set_forward_context(batch), self.recording_frames():
+            with set_forward_context(batch, cuda_graph=True), self.recording_frames():
                 second = capture(batch)
             try:
                 self.check(graph, second)
@@ -124,8 +124,8 @@ def _capture(
     device: DeviceModule, fn: Callable[[Any], Any], batch: Any, breakable: bool
 ) -> Any:
     stream = default_capture_stream(device)
-    context = set_forward_context(batch) if isinstance(batch, ForwardBatch) else \
-        contextlib.nullcontext()
+    context = set_forward_context(batch, cuda_graph=True) if isinstance(batch, ForwardBatch) \
+        else contextlib.nullcontext()
     stream.wait_stream(device.current_stream())
     with context:
         if breakable:
