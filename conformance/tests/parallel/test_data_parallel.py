@@ -68,10 +68,12 @@ def _alone(backend: Any, rank: int) -> tuple[list[Any], list[list[int]]]:
     return _drive(_runner(model, device, graphs=False), rank, _DECODES[rank]), _loads(model)
 
 
-def _ranks(backend: Any, factory: Any = True) -> list[Any]:
+def _ranks(backend: Any, factory: Any = True, *, deepep: bool = False) -> list[Any]:
     def rank(ctx: Any) -> Any:
         full = impl.build_model("moe", device=ctx.device.device, **_SHAPE)
-        model = impl.shard_model(full, ctx.communicator, data_parallel_attention=True)
+        model = impl.shard_model(full, ctx.communicator, data_parallel_attention=True,
+                                 **(dict(deepep_mode="auto", expert_capacity=32) if deepep
+                                    else {}))
         runner = _runner(model, ctx.device, ctx.communicator, graphs=True,
                          data_parallel=factory)
         try:
@@ -86,14 +88,17 @@ def _ranks(backend: Any, factory: Any = True) -> list[Any]:
 
 
 @pytest.mark.clause("DP-1", "DP-2", "EP-3")
-@pytest.mark.parametrize("variant", ["reference", *DP_MUTANTS])
+@pytest.mark.parametrize("variant", ["reference", "deepep", *DP_MUTANTS])
 def test_ranks_with_other_batches_step_through_one_graph(backend: Any, variant: str) -> None:
     """Rank 0 holds three requests, rank 1 one (a longer prompt), then none: every step is
     replayed by both ranks in the largest rank's graph (rank 1 idle runs a dummy batch in it),
     each rank's logits equal its own requests' on one rank, and its experts' load counts its
-    own tokens only. Each mutant is a CollectiveMismatch on both ranks."""
-    results = _ranks(backend, DP_MUTANTS[variant][2] if variant != "reference" else True)
-    if variant != "reference":
+    own tokens only; the same through the ranks' low-latency buffers (``deepep``). Each mutant
+    is a CollectiveMismatch on both ranks."""
+    reference = variant in ("reference", "deepep")
+    results = _ranks(backend, True if reference else DP_MUTANTS[variant][2],
+                     deepep=variant == "deepep")
+    if not reference:
         assert all(isinstance(r, spec.CollectiveMismatch)
                    and not isinstance(r, spec.DecisionMismatch) for r in results), (
             f"{variant!r} ({DP_MUTANTS[variant][1]}) was not named: {results}")
