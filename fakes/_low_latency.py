@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["FRESH", "NORMAL", "FakeLowLatencyBuffer", "advance", "verdict"]
+__all__ = ["FakeLowLatencyBuffer", "advance", "verdict"]
 
 FRESH, NORMAL = -1, -2
 """Values of a buffer state's ready slot besides 0 and 1: any slot and layout may come (after
@@ -31,10 +31,11 @@ def verdict(state: torch.Tensor, slot: int,
     when anything may come."""
     ready, layout = (int(v) for v in state.tolist())
     problem = None
-    if slot >= 0 and ready == NORMAL:
-        problem = "mode"
-    elif slot >= 0 and ready != FRESH and (ready, layout) != (slot, capacity):
-        problem = "parity"
+    if slot >= 0:  # a normal-mode call needs nothing of the slots
+        if ready == NORMAL:
+            problem = "mode"
+        elif ready != FRESH and (ready, layout) != (slot, capacity):
+            problem = "parity"
     if ready < 0:
         return problem, slot, capacity, None, None
     return problem, slot, capacity, ready, layout

@@ -134,6 +134,9 @@ class GraphTarget(Protocol):
     - ``init_metadata_out_graph(batch)`` / ``init_metadata_in_graph(batch)``: the two halves of
       attention metadata (host preparation, never in a graph; static-shape device work,
       recordable in a graph); ``init_metadata(batch)`` both; ``forward(batch)`` the eager step.
+    - ``before_replay(batch)``: the model's host work before any replay, which a graph cannot
+      do itself (an expert-parallel model's buffer cleaned back into low-latency mode,
+      ``EP-4``); runners call it before every replay.
     - ``max_bs``, ``max_context_len``, ``max_total_tokens``: the limits graphs are sized by.
     """
 
@@ -158,6 +161,8 @@ class GraphTarget(Protocol):
     def forward(self, batch: Any) -> torch.Tensor:
         """The model on ``batch`` eagerly (both halves, then ``model(batch)``): what runs a
         batch no graph serves."""
+
+    def before_replay(self, batch: Any) -> None: ...
 
 
 class RunnerStatsLike(Protocol):

@@ -194,10 +194,9 @@ def shard_model(model: CausalLM, communicator: Any, *, expert_capacity: int | No
         if model.config.kind != "moe":
             raise ValueError(f"expert_capacity sizes the experts' all-to-all of the moe kind; "
                              f"the model is {model.config.kind!r}")
-    if deepep_mode is not None:
-        if model.config.kind != "moe":
-            raise ValueError(f"deepep_mode dispatches the experts of the moe kind; the model is "
-                             f"{model.config.kind!r}")
+    if deepep_mode is not None and model.config.kind != "moe":
+        raise ValueError(f"deepep_mode dispatches the experts of the moe kind; the model is "
+                         f"{model.config.kind!r}")
     sharded = TensorParallelCausalLM(model, communicator, expert_capacity,
                                      data_parallel_attention, deepep_mode)
     return sharded.eval().requires_grad_(False)

@@ -84,7 +84,8 @@ class GraphTarget:
         """Host work the model needs before a graph replays ``batch``, which the graph cannot
         do itself: the model's ``before_replay(batch)`` where it has one (an expert-parallel
         model's buffer back in low-latency mode, ``EP-4``). Every replay of a ladder calls it
-        (its ``"before_replay"`` step), overlapped decode's launches included."""
+        (its ``"before_replay"`` step), overlapped decode's launches included (with the graph's
+        placeholder batch: a launch has no other)."""
         prepare = getattr(self.model, "before_replay", None)
         if prepare is not None:
             prepare(batch)
